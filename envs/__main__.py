@@ -1,0 +1,85 @@
+"""Tools CLI: inspect and try a manifest's tools without a model.
+
+    python -m envs list MANIFEST [--json]          each tool: server, name, description, schema
+    python -m envs call MANIFEST TOOL '{"a": 1}'   the result text
+
+Exit codes: 0 ok; 1 the tool returned an error (its text is still printed); 2 a bad manifest, a
+server that does not start, or bad CLI input, reported as one line on stderr without traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from envs.manifest import ManifestError
+from envs.mcp_client import ToolEnvError
+from envs.tool_env import ToolEnv
+from rl_factory.types import ToolCall
+
+
+class CLIError(Exception):
+    """Bad input on the command line; printed as one line."""
+
+
+async def list_tools(args: argparse.Namespace) -> int:
+    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir) as env:
+        if args.json:
+            print(json.dumps(env.tools, indent=2, ensure_ascii=False))
+            return 0
+        for schema in env.tools:
+            fn = schema["function"]
+            print(f"[{env.server_of(fn['name'])}] {fn['name']}: {fn['description']}")
+            print(f"    {json.dumps(fn['parameters'], ensure_ascii=False)}")
+        if not env.tools:
+            print("(no tools)")
+    return 0
+
+
+async def call_tool(args: argparse.Namespace) -> int:
+    try:
+        arguments = json.loads(args.arguments)
+    except json.JSONDecodeError as err:
+        raise CLIError(f"arguments are not valid JSON: {err}") from None
+    if not isinstance(arguments, dict):
+        raise CLIError("arguments must be a JSON object, e.g. '{\"expression\": \"2+3\"}'")
+    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir) as env:
+        result = await env.call(ToolCall(name=args.tool, arguments=arguments))
+    print(result.text)
+    return 0 if result.ok else 1
+
+
+COMMANDS = {"list": list_tools, "call": call_tool}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m envs", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [("list", "print every tool of the manifest"),
+                            ("call", "call one tool and print its result")]:
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("manifest", help="tool manifest (YAML or JSON, mcpServers shape)")
+        if name == "call":
+            cmd.add_argument("tool", help="tool name")
+            cmd.add_argument("arguments", nargs="?", default="{}", help="JSON object of arguments")
+        else:
+            cmd.add_argument("--json", action="store_true", help="print the OpenAI-shape schemas")
+        cmd.add_argument("--log-dir", default=None, help="write stdio servers' stderr here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(COMMANDS[args.command](args))
+    except (ManifestError, ToolEnvError, CLIError) as err:
+        message = " ".join(str(err).split())  # one line, even when a server's stderr is quoted
+        print(f"python -m envs {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

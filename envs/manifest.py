@@ -1,0 +1,270 @@
+"""Tool manifest: the `mcpServers` file desktop MCP clients use, plus our per-server knobs.
+
+A manifest (YAML or JSON) maps server names to how to reach them:
+
+    mcpServers:
+      calculator: {command: python, args: ["-m", "envs.servers.calculator"], timeout_s: 10}
+      search: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ${API_KEY}"}}
+      legacy: {url: "http://127.0.0.1:9000/sse", transport: sse}
+
+Beyond the desktop shape we add `timeout_s` (per call), `max_concurrency` (in-flight calls per
+server) and `tools: {include, exclude}`. `transport` (or VS Code's `type`) picks SSE over the
+default streamable HTTP for a `url` server; `disabled: true` skips a server, as in Cline.
+
+How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of our env):
+  * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
+    sees the same virtualenv as the trainer.
+  * Relative `cwd` and `args` are passed unchanged (they resolve against the trainer's cwd), but
+    the child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`),
+    the git repository holding the manifest, and the trainer's own `PYTHONPATH`, after any
+    `PYTHONPATH` the manifest sets. That is what makes `-m envs.servers.calculator` work from
+    any working directory.
+  * `${VAR}`, `${VAR:-default}`, `${oc.env:VAR}` and `${oc.env:VAR,default}` in any string are
+    replaced from the environment when the manifest is loaded; an unset variable with no
+    default is an error naming the key.
+
+Every mistake raises `ManifestError` naming the file and the key path, e.g.
+`tools.yaml: mcpServers.calc: unknown key 'comand' (did you mean 'command'?)`.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+
+# The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# Spellings users bring from other clients, normalized to the three transports we run.
+TRANSPORT_ALIASES = {
+    "stdio": "stdio",
+    "streamable_http": "streamable_http",
+    "streamable-http": "streamable_http",
+    "streamableHttp": "streamable_http",
+    "http": "streamable_http",
+    "sse": "sse",
+}
+PYTHON_COMMANDS = {"python", "python3"}
+_ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
+
+
+class ManifestError(ValueError):
+    """An unusable tool manifest; the message names the file and the offending key."""
+
+
+class ToolFilter(BaseModel):
+    """Which of a server's tools the policy sees; `include` None means all of them."""
+
+    model_config = ConfigDict(extra="forbid")
+    include: list[str] | None = None
+    exclude: list[str] = Field(default_factory=list)
+
+    def keeps(self, name: str) -> bool:
+        return (self.include is None or name in self.include) and name not in self.exclude
+
+
+class ServerSpec(BaseModel):
+    """One entry of `mcpServers`, validated; `transport` is always resolved after validation."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    transport: str | None = Field(default=None, validation_alias=AliasChoices("transport", "type"))
+    timeout_s: float = Field(default=30.0, gt=0)
+    max_concurrency: int = Field(default=64, ge=1)
+    tools: ToolFilter = Field(default_factory=ToolFilter)
+    disabled: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_transport_key(cls, data: Any) -> Any:
+        # `type` is VS Code's name for `transport`; two answers to one question is a mistake.
+        if isinstance(data, dict) and "transport" in data and "type" in data:
+            raise ValueError("give either 'transport' or 'type', not both")
+        return data
+
+    @field_validator("args", "env", "headers", mode="before")
+    @classmethod
+    def _scalars_to_str(cls, value: Any) -> Any:
+        # YAML reads `--port, 8000` and `DEBUG: true` as numbers and booleans; a process wants text.
+        def text(v: Any) -> Any:
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            return str(v) if isinstance(v, int | float) else v
+
+        if isinstance(value, list):
+            return [text(v) for v in value]
+        if isinstance(value, dict):
+            return {k: text(v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _resolve_transport(self) -> ServerSpec:
+        if (self.command is None) == (self.url is None):
+            which = "both" if self.command else "neither"
+            raise ValueError(f"needs either 'command' (stdio) or 'url' (HTTP/SSE), got {which}")
+        if self.transport is not None and self.transport not in TRANSPORT_ALIASES:
+            raise ValueError(f"unknown transport {self.transport!r}; expected one of "
+                             f"{sorted(set(TRANSPORT_ALIASES.values()))}")
+        kind = TRANSPORT_ALIASES.get(self.transport or "", "stdio" if self.command else "streamable_http")
+        if (kind == "stdio") != (self.command is not None):
+            needs = "command" if kind == "stdio" else "url"
+            raise ValueError(f"transport {self.transport!r} needs '{needs}'")
+        wrong = ["args", "env", "cwd"] if self.url else ["headers"]
+        for key in wrong:
+            if key in self.model_fields_set:
+                raise ValueError(f"'{key}' only applies to {'stdio' if self.url else 'HTTP/SSE'} servers")
+        self.transport = kind
+        return self
+
+
+class _ManifestModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mcpServers: dict[str, ServerSpec] | None = None
+
+
+@dataclass
+class Manifest:
+    """The enabled servers of one manifest, in file order; `source` names it in error messages."""
+
+    servers: dict[str, ServerSpec] = field(default_factory=dict)
+    source: str = "<empty>"
+
+
+def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
+    """Load and validate a tool manifest.
+
+    Args:
+        manifest: path to a YAML/JSON file, an already-loaded mapping (e.g. a Hydra config
+            node converted to a dict), or None for a manifest with no servers.
+
+    Returns:
+        Manifest with the enabled servers; stdio commands and environments resolved.
+
+    Raises:
+        ManifestError: missing/unreadable file or any invalid key; the message names both.
+    """
+    if manifest is None:
+        return Manifest()
+    if isinstance(manifest, Mapping):
+        source, raw, repo = "<config>", dict(manifest), None
+    else:
+        path = Path(manifest)
+        source, raw, repo = str(manifest), _read(path), _git_root(path)
+    raw = _interpolate(raw, source, "")
+    try:
+        model = _ManifestModel.model_validate(raw)
+    except ValidationError as err:
+        raise ManifestError(f"{source}: {_describe(err)}") from None
+    servers = {}
+    for name, spec in (model.mcpServers or {}).items():
+        if not spec.disabled:
+            servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
+    return Manifest(servers=servers, source=source)
+
+
+def _read(path: Path) -> Any:
+    if not path.is_file():
+        raise ManifestError(f"tool manifest not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        # JSON is parsed as JSON so its errors read as JSON errors; everything else as YAML.
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ManifestError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                            f"{' '.join(str(err).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a mapping with 'mcpServers', got {type(data).__name__}")
+    return data
+
+
+def _interpolate(value: Any, source: str, key_path: str) -> Any:
+    """Replace ${VAR}-style references in every string, recursively."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, source, f"{key_path}.{k}" if key_path else str(k))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, source, f"{key_path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ManifestError(f"{source}: {key_path}: environment variable '{name}' is not set")
+
+    return _ENV_VAR.sub(substitute, value)
+
+
+def _describe(err: ValidationError) -> str:
+    """Turn pydantic's errors into `key.path: problem` lines a user can act on."""
+    messages = []
+    for e in err.errors():
+        loc = [f"[{part}]" if isinstance(part, int) else str(part) for part in e["loc"]]
+        if e["type"] == "extra_forbidden":
+            parent, key = _join(loc[:-1]), loc[-1]
+            known = _known_keys(loc[:-1])
+            hint = difflib.get_close_matches(key, known, n=1)
+            problem = f"unknown key '{key}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+            messages.append(f"{parent}: {problem}" if parent else problem)
+            continue
+        problem = e["msg"].removeprefix("Value error, ")
+        messages.append(f"{_join(loc)}: {problem}" if loc else problem)
+    return "; ".join(messages)
+
+
+def _join(loc: list[str]) -> str:
+    return ".".join(loc).replace(".[", "[")
+
+
+def _known_keys(parent_loc: list[str]) -> list[str]:
+    depth_models = {0: _ManifestModel, 2: ServerSpec, 3: ToolFilter}
+    model = depth_models.get(len(parent_loc))
+    if model is None:
+        return []
+    return list(model.model_fields) + (["type"] if model is ServerSpec else [])
+
+
+def _resolve_stdio(spec: ServerSpec, repo: Path | None) -> ServerSpec:
+    command = sys.executable if spec.command in PYTHON_COMMANDS else spec.command
+    paths = [spec.env.get("PYTHONPATH", ""), str(PROJECT_ROOT),
+             str(repo) if repo else "", os.environ.get("PYTHONPATH", "")]
+    pythonpath = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # ordered, no duplicates
+    return spec.model_copy(update={"command": command, "env": {**spec.env, "PYTHONPATH": pythonpath}})
+
+
+def _git_root(path: Path) -> Path | None:
+    for parent in path.resolve().parents:
+        if (parent / ".git").exists():
+            return parent
+    return None
+
+
+def describe_transport(spec: ServerSpec) -> str:
+    """One human-readable line saying how a server is reached (for logs and the CLI)."""
+    if spec.transport == "stdio":
+        return " ".join([spec.command or "", *spec.args])
+    return f"{spec.url} via {spec.transport}"
+
+
+__all__ = ["Manifest", "ManifestError", "ServerSpec", "ToolFilter", "load_manifest",
+           "describe_transport", "PROJECT_ROOT"]

@@ -1,0 +1,45 @@
+"""Tool-call parsers: decoded model text -> (content, tool calls), one small class per wire format.
+
+A parser works on decoded text only, so it does not care whether the engine stopped on a stop
+string, an eos token, or the token budget (an unterminated last call is still parsed). It never
+raises on model output: a block it cannot read becomes a `ToolCall` with `error` set, so the model
+is told what was wrong. Register a new format with `@register_parser("name")`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from rl_factory.types import ToolCall
+
+
+class ToolCallParser(Protocol):
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """Split `text` into (content without the call blocks, calls in order)."""
+        ...
+
+
+PARSERS: dict[str, type] = {}
+
+
+def register_parser(name: str) -> Callable[[type], type]:
+    """Class decorator adding a parser under `name`; a second parser of the same name is an error."""
+    def add(cls: type) -> type:
+        if name in PARSERS:
+            raise ValueError(f"tool-call parser {name!r} is already registered ({PARSERS[name].__name__})")
+        PARSERS[name] = cls
+        return cls
+    return add
+
+
+def get_parser(name: str) -> ToolCallParser:
+    """A new instance of the parser registered as `name`; KeyError lists the valid names."""
+    if name not in PARSERS:
+        raise KeyError(f"unknown tool-call parser {name!r}; valid: {sorted(PARSERS)}")
+    return PARSERS[name]()
+
+
+# Imported last: these modules register themselves with the decorator above.
+from envs.parsers import hermes  # noqa: E402,F401
+
+__all__ = ["PARSERS", "ToolCallParser", "get_parser", "register_parser"]

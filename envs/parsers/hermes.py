@@ -1,0 +1,84 @@
+"""Hermes-style tool calls, as Qwen2.5 and Qwen3 write them.
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "2+3"}}
+    </tool_call>
+
+Departs from vLLM's `hermes` parser, where one bad block turns the whole output into plain
+content, and from verl's, which drops bad blocks silently: here every block yields a ToolCall,
+and a malformed one carries `error` (and a best-guess name) so the model sees why it failed
+while the good blocks of the same turn still run. Like vLLM, an unterminated last block (the
+generation stopped before `</tool_call>`) is parsed too. `arguments` may be an object or a JSON
+string holding one; a missing `arguments` means no arguments.
+
+Not for Qwen3-Coder / Qwen3.5, which use an XML `<function=...>` format inside the tags.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from envs.parsers import register_parser
+from rl_factory.types import ToolCall
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+# End-of-turn tokens an engine may leave in decoded text (stop-agnostic: strip if present).
+END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+NAME_GUESS = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
+
+
+@register_parser("hermes")
+class HermesParser:
+    """`parse(text) -> (content, calls)`; content is the text with every call block removed."""
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        calls = []
+        for match in TOOL_CALL.finditer(text):
+            closed = match.group(1) is not None
+            body = match.group(1) if closed else _strip_end_markers(match.group(2))
+            calls.append(_to_call(body, raw=match.group(0)))
+        content = _strip_end_markers(TOOL_CALL.sub("", text)).strip()
+        return content, calls
+
+
+def _to_call(body: str, raw: str) -> ToolCall:
+    body = body.strip()
+    if not body:
+        return _malformed("", raw, "empty <tool_call> block")
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as err:
+        return _malformed(_guess_name(body), raw, f"invalid JSON ({err.msg} at line {err.lineno} "
+                                                  f"column {err.colno})")
+    if not isinstance(obj, dict):
+        return _malformed("", raw, 'expected a JSON object {"name": ..., "arguments": {...}}')
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return _malformed("", raw, 'missing "name" (a non-empty string)')
+    arguments = obj.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return _malformed(name, raw, '"arguments" is a string but not valid JSON')
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return _malformed(name, raw, f'"arguments" must be a JSON object, got {type(arguments).__name__}')
+    return ToolCall(name=name, arguments=arguments, raw=raw)
+
+
+def _malformed(name: str, raw: str, why: str) -> ToolCall:
+    return ToolCall(name=name, arguments=None, raw=raw, error=why)
+
+
+def _guess_name(body: str) -> str:
+    match = NAME_GUESS.search(body)
+    return match.group(1) if match else ""
+
+
+def _strip_end_markers(text: str) -> str:
+    text = text.rstrip()
+    for marker in END_MARKERS:
+        text = text.removesuffix(marker).rstrip()
+    return text

@@ -1,0 +1,1 @@
+"""Example tasks: data preparation and configs for real tool-use training runs."""

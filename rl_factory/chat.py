@@ -1,0 +1,64 @@
+"""Token-level chat formatting: the only place that turns messages into token ids.
+
+The rollout never re-renders the history. It renders the prompt once, then appends generated ids and
+*observation deltas*: the ids of the template text that a tool turn adds after the assistant's
+end-of-turn token. The delta is found by rendering a short base conversation with and without the tool
+messages and keeping the difference, so it works with any chat template (ours, Qwen3's, ...).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+
+class ChatFormat:
+    """Renders prompts and tool observations of one tokenizer's chat template as token ids.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template and an end-of-turn `eos_token`.
+        tools: OpenAI-shape tool schemas rendered into the system turn (may be empty).
+    """
+
+    def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.eos_token_id = tokenizer.eos_token_id
+        base = self._render(_BASE)
+        eos = tokenizer.eos_token
+        if eos not in base:
+            raise ValueError(f"chat template never writes the eos token {eos!r}; cannot end turns")
+        # What the template writes after the end-of-turn token (Qwen: "\n"); the engine stops on the
+        # eos token itself, so observation deltas start with this glue.
+        self._glue = base[base.rindex(eos) + len(eos):]
+        self._base = base
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False, tools=None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Ids of the whole prompt (system turn with tools, history, generation header)."""
+        return self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+
+    def observation_ids(self, tool_messages: list[dict]) -> list[int]:
+        """Ids appended after a generated turn that ended with eos: the tool turn + next header."""
+        full = self._render(_BASE + tool_messages, add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError("chat template renders earlier turns differently once tool turns follow; "
+                             "observation deltas cannot be computed for it")
+        return self.encode(self._glue + full[len(self._base):])
+
+    def assistant_ids(self, message: dict) -> list[int]:
+        """Ids of one assistant turn as the model should generate it, eos included (warm start)."""
+        user = [{"role": "user", "content": "x"}]
+        head = self._render(user, add_generation_prompt=True)
+        full = self._render(user + [message])
+        eos = self.tokenizer.eos_token
+        return self.encode(full[len(head): full.rindex(eos) + len(eos)])

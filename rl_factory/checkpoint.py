@@ -1,0 +1,90 @@
+"""Checkpoints that survive a crash mid-save, and the state a resumed run needs.
+
+A checkpoint is `checkpoints/step_NNNNNN/`: the model and tokenizer in Hugging Face format (so
+`AutoModelForCausalLM.from_pretrained` loads it directly) plus `trainer_state.pt` (optimizer,
+scheduler, data sampler position, RNG states, step). It is written into a hidden temporary
+directory and renamed into place, so a run killed while saving leaves the previous checkpoint
+intact and never a half-written one that resume would pick up.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / STATE_FILE).exists()]
+    return max(done, key=lambda p: int(STEP_DIR.match(p.name).group(1)), default=None)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: dict[str, Any],
+                    keep: int = 0) -> Path:
+    """Write checkpoint `step` atomically, then prune to the newest `keep` (0 keeps all)."""
+    final = checkpoint_dir(run_dir, step)
+    tmp = final.parent / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step after resume: replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if keep > 0:
+        # Prune by step number among complete checkpoints, never touching the one just written
+        # (a run resumed from an older checkpoint may find newer ones in the directory).
+        done = sorted((p for p in final.parent.iterdir() if STEP_DIR.match(p.name) and p != final
+                       and (p / STATE_FILE).exists()), key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+        for old in done[: max(0, len(done) - (keep - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def _fsync_dir(path: Path) -> None:
+    for file in [path] + [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]:
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,82 @@
+"""Entry points behind main_grpo.sh and main_eval.sh.
+
+`python -m rl_factory.cli train key=value ...` and `python -m rl_factory.cli eval key=value ...`
+compose the Hydra config and run. Mistakes a user can make (a misspelled key, a missing file, a
+bad manifest, a reward that raises) end with exit code 2 and one line naming the problem; a
+traceback is printed only for what looks like a bug (set RL_FACTORY_DEBUG=1 to always see it).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+USER_ERRORS: tuple[type[BaseException], ...] = ()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from envs.manifest import ManifestError
+    from rewards.loader import RewardError, RewardLoadError
+    from rl_factory.config import ConfigError
+    from rl_factory.data import DatasetError
+    from rl_factory.tracking import TrackingError
+
+    return (ConfigError, ManifestError, DatasetError, RewardLoadError, RewardError, TrackingError,
+            FileNotFoundError, ValueError, KeyError)
+
+
+def _backend_train(cfg):
+    from rl_factory.config import ConfigError
+
+    backend = cfg.trainer.backend
+    if backend == "embedded":
+        from rl_factory.trainer import train
+        return train(cfg)
+    raise ConfigError(f"trainer.backend: unknown backend {backend!r} (valid: embedded)")
+
+
+def _quiet_transformers() -> None:
+    # Weight-loading progress bars and deprecation chatter drown the training progress bar.
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "eval"):
+        print("usage: python -m rl_factory.cli {train|eval} [key=value ...]", file=sys.stderr)
+        return 2
+    command, overrides = argv[0], argv[1:]
+    from rl_factory.config import load_config
+    from rl_factory.run import setup_logging
+
+    setup_logging()
+    _quiet_transformers()
+    try:
+        cfg = load_config("grpo" if command == "train" else "eval", overrides)
+        if command == "train":
+            summary = _backend_train(cfg)
+        else:
+            from rl_factory.evaluate_cli import run_eval
+            summary = run_eval(cfg)
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to resume from the last checkpoint", file=sys.stderr)
+        return 130
+    except _user_errors() as exc:
+        if os.environ.get("RL_FACTORY_DEBUG"):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        cause = exc.__cause__
+        if cause is not None:
+            print(f"  caused by {type(cause).__name__}: {cause}", file=sys.stderr)
+        return 2
+    logging.getLogger("rl_factory").debug(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Building the shared pieces from their config slices: tools, policy, agent, reward, data.
+
+Training and evaluation assemble the same objects the same way, so `main_eval.sh` scores a
+checkpoint exactly as validation during training did.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs import ToolEnv, get_parser
+from rl_factory.chat import ChatFormat
+from rl_factory.data import load_dataset
+from rl_factory.engines.hf import HFEngine
+from rl_factory.rollout import Agent, RolloutConfig
+
+
+@dataclass
+class DataConfig:
+    """`data.*`: where prompts come from."""
+
+    train_files: Any = None
+    val_files: Any = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    system_prompt: str | None = None
+    train_batch_size: int = 16
+    val_limit: int | None = None
+
+
+@dataclass
+class EnvConfig:
+    """`env.*`: the tools and the turn structure."""
+
+    tools: str | None = None
+    max_turns: int = 3
+    parser: str = "hermes"
+
+
+@dataclass
+class RewardConfig:
+    """`reward.*`: the user's reward function."""
+
+    function: str = "rewards/exact_match.py:numeric_exact_match"
+    success_threshold: float = 1.0
+    max_concurrency: int = 64
+
+
+@dataclass
+class SamplingConfig(RolloutConfig):
+    """`rollout.*`: the rollout loop's knobs plus engine-level settings."""
+
+    val_temperature: float = 0.0
+    max_batch_size: int = 128
+
+
+def open_env(cfg: EnvConfig, log_dir: Path | None = None):
+    """The tool env of the manifest (an async context manager), or an empty one without tools."""
+    if not cfg.tools:
+        return ToolEnv.empty()
+    if not Path(cfg.tools).exists():
+        from envs.manifest import ManifestError
+        raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools}")
+    return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir)
+
+
+def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig) -> Agent:
+    engine = HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
+                      pad_token_id=policy.tokenizer.pad_token_id, max_batch_size=rollout_cfg.max_batch_size,
+                      autocast=policy.autocast)
+    loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
+    loop_cfg.max_turns = env_cfg.max_turns
+    return Agent(engine, env, ChatFormat(policy.tokenizer, env.tools), get_parser(env_cfg.parser), loop_cfg)
+
+
+def load_rows(files: Any, cfg: DataConfig, limit: int | None = None) -> list[dict]:
+    if not files:
+        raise ValueError("no data files given (set data.train_files / data.val_files)")
+    return load_dataset(files, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+                        system_prompt=cfg.system_prompt, limit=limit)
+
+
+@contextlib.asynccontextmanager
+async def closing_engine(agent: Agent):
+    try:
+        yield agent
+    finally:
+        await agent.engine.close()

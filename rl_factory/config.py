@@ -1,0 +1,76 @@
+"""Config loading (Hydra compose) and the typed slices each component is built from.
+
+`load_config(name, overrides)` composes `configs/<name>.yaml` with command-line overrides exactly as
+`@hydra.main` would (struct mode: a misspelled key is an error), but raises `ConfigError` with a
+one-line message instead of printing a stack trace. `section(cfg, "rollout", RolloutConfig)` turns
+one node into its dataclass and names any key the dataclass does not know.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization|bearer)", re.I)
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, missing or has a value of the wrong type."""
+
+
+def load_config(name: str, overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = Path(config_dir or CONFIG_DIR).resolve()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = compose(config_name=name, overrides=list(overrides))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_short(str(exc))) from None
+    return cfg
+
+
+def _short(message: str) -> str:
+    """Hydra's messages carry hints over several lines; keep what names the problem."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    keep = [line for line in lines if not line.startswith(("full_key", "object_type", "reference_type"))]
+    return " ".join(keep) or message
+
+
+def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
+    """Build dataclass `cls` from `cfg[key]`; unknown keys are an error naming `key.<bad>`."""
+    node = cfg.get(key) if key else cfg
+    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    values.update(extra)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {key}.{unknown[0]} (valid keys: {', '.join(sorted(fields))})")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def redacted(cfg: DictConfig | dict) -> dict:
+    """A plain copy of the config with secret-looking values masked, safe to write to config.yaml."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+
+    def walk(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, key) for v in value]
+        if SECRET_KEY.search(key) and value not in (None, ""):
+            return "***"
+        return value
+
+    return walk(data)

@@ -1,0 +1,225 @@
+"""Prompt datasets: read JSONL / JSON / Parquet rows into chat messages, and sample batches.
+
+Every row comes back as the original columns plus `messages`, the prompt as a chat list. A
+string prompt becomes `[system?, user]`; a prompt that already is a chat list is validated and
+kept, with `system_prompt` prepended only when it has no system message of its own. `answer`
+is copied from `answer_key` (None when the row has none) so rewards can always name `answer`.
+
+Errors name the file and the line (JSONL) or row (Parquet) so a bad row in a 100k-line file
+is found at once. `PromptSampler` reshuffles deterministically per epoch and checkpoints its
+position, so a resumed run draws exactly the batches the killed run would have drawn.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing, unreadable, or has a row that cannot become a prompt."""
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {line_no}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(
+                    f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from exc
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):  # many ".json" datasets are really JSON lines
+        yield from _read_jsonl(path)
+        return
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from exc
+    for i, row in enumerate(rows):
+        yield f"{path} item {i}", row
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq  # only Parquet users pay for the import
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from exc
+    row_no = 0
+    for batch in parquet.iter_batches():
+        for row in batch.to_pylist():
+            yield f"{path} row {row_no}", row
+            row_no += 1
+
+
+READERS: dict[str, Callable[[Path], Iterator[tuple[str, Any]]]] = {
+    ".jsonl": _read_jsonl,
+    ".json": _read_json,
+    ".parquet": _read_parquet,
+}
+
+
+def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "prompt",
+                 answer_key: str = "answer", system_prompt: str | None = None,
+                 limit: int | None = None) -> list[dict[str, Any]]:
+    """Read prompt rows from one or more JSONL / JSON / Parquet files.
+
+    Args:
+        files: a path or a list of paths, read in order.
+        prompt_key: the column holding the prompt: a string, or a list of {"role", "content"}.
+        answer_key: the column copied to `answer` (absent -> None).
+        system_prompt: prepended as a system message unless the prompt has its own.
+        limit: keep at most this many rows in total.
+
+    Returns:
+        One dict per row: the original columns, plus `messages` and `answer`.
+
+    Raises:
+        DatasetError: missing file, unknown extension, malformed JSON, a row without the
+            prompt field, a malformed chat message, or no rows at all.
+    """
+    paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        if limit is not None and len(rows) >= limit:
+            break
+        reader = READERS.get(path.suffix.lower())
+        if reader is None:
+            raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; "
+                               f"supported: {sorted(READERS)}")
+        if not path.is_file():
+            raise DatasetError(f"dataset file not found: {path} (looked at {path.resolve()})")
+        for where, raw in reader(path):
+            rows.append(_to_row(raw, where, prompt_key, answer_key, system_prompt))
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise DatasetError(f"no rows in {', '.join(map(str, paths))}")
+    if not any(r["answer"] is not None for r in rows):
+        logger.warning("no row has the answer field %r; rewards will see answer=None", answer_key)
+    return rows
+
+
+def _to_row(raw: Any, where: str, prompt_key: str, answer_key: str,
+            system_prompt: str | None) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{where}: expected an object per row, got {type(raw).__name__}")
+    if prompt_key not in raw:
+        raise DatasetError(f"{where}: row has no {prompt_key!r} field (keys: {sorted(raw)})")
+    row = dict(raw)
+    row["messages"] = to_messages(raw[prompt_key], system_prompt, where=f"{where}: {prompt_key!r}")
+    row["answer"] = raw.get(answer_key)
+    return row
+
+
+def to_messages(prompt: Any, system_prompt: str | None = None,
+                where: str = "prompt") -> list[dict[str, Any]]:
+    """Normalize a string or chat-list prompt into a chat list (see the module docstring).
+
+    Raises:
+        DatasetError: the prompt is neither a string nor a list of valid chat messages.
+    """
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, (list, tuple)) and prompt:
+        messages = [_check_message(m, i, where) for i, m in enumerate(prompt)]
+    else:
+        raise DatasetError(f"{where} must be a string or a non-empty list of chat messages, "
+                           f"got {type(prompt).__name__} {prompt!r:.80}")
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def _check_message(message: Any, i: int, where: str) -> dict[str, Any]:
+    if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        raise DatasetError(f"{where} message {i} must be a dict with 'role' and 'content', "
+                           f"got {message!r:.80}")
+    if message["role"] not in CHAT_ROLES:
+        raise DatasetError(f"{where} message {i} has role {message['role']!r}; "
+                           f"expected one of {list(CHAT_ROLES)}")
+    content = message["content"]
+    if not (content is None or isinstance(content, (str, list))):
+        raise DatasetError(f"{where} message {i} content must be a string or a list of parts, "
+                           f"got {type(content).__name__}")
+    # Parquet stores messages as structs, so absent fields (tool_calls, name) come back as None.
+    return {k: v for k, v in message.items() if v is not None or k == "content"}
+
+
+class PromptSampler:
+    """Yields batches of dataset rows forever, reshuffled each epoch with a seeded permutation.
+
+    Batches run across epoch boundaries (the tail of epoch e is topped up from the start of
+    epoch e+1), so every batch is full and every row is seen once per epoch.
+
+    Args:
+        rows: the dataset, from `load_dataset`.
+        batch_size: prompts per batch.
+        seed: the permutation of epoch e depends only on (seed, e).
+        shuffle: False keeps the dataset order (evaluation, debugging).
+    """
+
+    def __init__(self, rows: Sequence[dict[str, Any]], batch_size: int, seed: int = 0,
+                 shuffle: bool = True):
+        if not rows:
+            raise DatasetError("PromptSampler needs at least one row")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            # A str seed hashes the same in every process and Python version (no PYTHONHASHSEED).
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_indices(self) -> list[int]:
+        """Row indices of the next batch; advances the sampler."""
+        indices: list[int] = []
+        while len(indices) < self.batch_size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            take = self._order[self.position:self.position + self.batch_size - len(indices)]
+            indices.extend(take)
+            self.position += len(take)
+        return indices
+
+    def __iter__(self) -> PromptSampler:
+        return self
+
+    def __next__(self) -> list[dict[str, Any]]:
+        return [self.rows[i] for i in self.next_indices()]
+
+    def state_dict(self) -> dict[str, int]:
+        """What `load_state_dict` needs to continue with exactly the same next batch."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        saved = (state.get("num_rows", len(self.rows)), state.get("seed", self.seed))
+        if saved != (len(self.rows), self.seed):
+            logger.warning("PromptSampler state saved with (rows, seed)=%s resumed with %s: "
+                           "batches will differ from the original run", saved,
+                           (len(self.rows), self.seed))
+        self.epoch = int(state["epoch"])
+        self._order = self._permutation(self.epoch)
+        self.position = min(int(state["position"]), len(self._order))

@@ -1,0 +1,81 @@
+"""Validation and `main_eval.sh`: roll out a dataset with the same tools and reward, and summarize.
+
+The summary metrics (`accuracy`, `reward/mean`, `num_turns/mean`, `tool/call_rate`,
+`tool/success_rate`, ...) are computed by `summarize`, which training uses for its per-step
+metrics too, so a number means the same thing in metrics.jsonl and in eval results.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rl_factory.engines.base import SamplingParams
+from rl_factory.rollout import Agent
+from rl_factory.types import Trajectory
+from rewards.loader import score_trajectories
+
+
+def summarize(trajs: list[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
+    """Outcome, tool-use and length statistics of a list of scored trajectories."""
+    if not trajs:
+        return {}
+    rewards = [t.reward or 0.0 for t in trajs]
+    results = [r for t in trajs for r in t.tool_results]
+    metrics: dict[str, float] = {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "accuracy": sum(r >= success_threshold for r in rewards) / len(trajs),
+        "num_turns/mean": statistics.fmean(len(t.turns) for t in trajs),
+        "response_tokens/mean": statistics.fmean(t.num_generated_tokens for t in trajs),
+        "sequence_tokens/mean": statistics.fmean(len(t.token_ids) for t in trajs),
+        "tool/call_rate": sum(bool(t.tool_calls) for t in trajs) / len(trajs),
+        "tool/calls_per_trajectory": len(results) / len(trajs),
+        "tool/success_rate": (sum(r.ok for r in results) / len(results)) if results else float("nan"),
+    }
+    for reason, count in Counter(t.stop_reason for t in trajs).items():
+        metrics[f"stop/{reason}"] = count / len(trajs)
+    for kind, count in Counter(r.error_kind for r in results if not r.ok).items():
+        metrics[f"tool/error_rate/{kind}"] = count / len(results)  # share of calls (counts: tool/errors/*)
+    return metrics
+
+
+async def evaluate(agent: Agent, reward_fn, rows: list[dict], params: SamplingParams,
+                   success_threshold: float = 1.0, n: int = 1) -> tuple[dict[str, float], list[Trajectory]]:
+    """Roll out every row `n` times with `params`, score, and summarize."""
+    groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params)
+    trajs = [t for g in groups for t in g.trajectories]
+    await score_trajectories(reward_fn, trajs)
+    return summarize(trajs, success_threshold), trajs
+
+
+def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
+    """One line of a rollouts file: what a person needs to read and debug a trajectory."""
+    return {
+        "sample_index": traj.sample_index,
+        "messages": traj.messages,
+        "answer": traj.sample.get("answer"),
+        "reward": traj.reward,
+        "reward_info": traj.reward_info,
+        "advantage": traj.advantage,
+        "stop_reason": traj.stop_reason,
+        "num_turns": len(traj.turns),
+        "tool_calls": [{"name": c.name, "arguments": c.arguments, "error": c.error} for c in traj.tool_calls],
+        "tool_results": [{"name": r.call.name, "text": r.text, "error_kind": r.error_kind,
+                          "latency_s": round(r.latency_s, 4)} for r in traj.tool_results],
+        "prompt_tokens": len(traj.prompt_ids),
+        "generated_tokens": traj.num_generated_tokens,
+        "total_tokens": len(traj.token_ids),
+    }
+
+
+def write_rollouts(path: Path, trajs: list[Trajectory]) -> None:
+    """Write atomically: a resumed run rewrites a step's file whole, never appends to it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for traj in trajs:
+            f.write(json.dumps(trajectory_record(traj), ensure_ascii=False, default=str) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,138 @@
+"""The embedded default model: a tiny Qwen3-architecture LM and tokenizer the project builds itself.
+
+Built on first use, deterministically from a seed, and cached under `~/.cache/rl_factory/models`
+(override with RL_FACTORY_CACHE) keyed by a hash of everything that shapes it, so later runs reuse it.
+The result is an ordinary Hugging Face directory: `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` load it, with a chat template in the Qwen3/Hermes tool format.
+
+The tokenizer is a byte-level BPE trained on the warm-start transcripts. Digits are always single
+tokens (as in Qwen) so the model can copy numbers digit by digit; merges may span spaces, which folds
+the long, constant tool preamble of the system turn into a handful of tokens and keeps sequences
+short enough to train on two CPU cores.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from rl_factory.chat import ChatFormat
+from rl_factory.models.warmstart import (WarmStartConfig, supervised_pass, tokenize_transcript,
+                                         transcript_texts)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added but not special (as in Qwen3): decode(skip_special_tokens=True) keeps them, parsers see them.
+TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
+BUILD_VERSION = 1  # bump when the build procedure changes, so stale caches are rebuilt
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture and build recipe of the embedded default model."""
+
+    seed: int = 0
+    vocab_size: int = 768
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    tool_name: str = "calculator"
+    tool_argument: str = "expression"
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RL_FACTORY_CACHE", Path.home() / ".cache" / "rl_factory")) / "models"
+
+
+def build_key(cfg: TinyModelConfig, tools: list[dict]) -> str:
+    blob = json.dumps({"cfg": asdict(cfg), "tools": tools, "v": BUILD_VERSION, "tpl": CHAT_TEMPLATE},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log=print) -> Path:
+    """Return the directory of the built model, building and caching it on first use."""
+    cfg = cfg or TinyModelConfig()
+    out = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
+    if (out / "config.json").exists():
+        return out
+    log(f"building the embedded default model (first use) into {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp dir and rename: a run killed mid-build never leaves a half-built cache.
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
+    try:
+        build_tiny_model(tmp, tools, cfg, log=log)
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").exists():  # lost a race with a concurrent build: theirs is fine
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + TAG_TOKENS, max_token_length=48,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=[], chat_template=CHAT_TEMPLATE,
+                                   model_max_length=1 << 20, clean_up_tokenization_spaces=False)
+    fast.add_tokens(TAG_TOKENS)  # already in the vocab; marks them as added, non-special tokens
+    return fast
+
+
+def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print) -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ws = cfg.warmstart
+    mechanics = transcript_texts(ws, cfg.tool_name, cfg.tool_argument, tool_share=1.0)
+    decision = transcript_texts(ws, cfg.tool_name, cfg.tool_argument, tool_share=ws.tool_share)
+    corpus, _ = render_jinja_template(mechanics + decision, tools=tools or None, chat_template=CHAT_TEMPLATE)
+    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+    model_cfg = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(model_cfg)
+    log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+        f"vocab {len(tokenizer)}")
+    fmt = ChatFormat(tokenizer, tools)
+    pad = tokenizer.pad_token_id
+    supervised_pass(model, [tokenize_transcript(fmt, m) for m in mechanics], ws.mechanics_steps, ws.lr, ws,
+                    pad, log=log, name="warm start (tool mechanics)", stop_below=ws.mechanics_loss, decay=False)
+    supervised_pass(model, [tokenize_transcript(fmt, m) for m in decision], ws.decision_steps, ws.decision_lr,
+                    ws, pad, log=log, name="warm start (weak decision)")
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "build.json").write_text(json.dumps({"config": asdict(cfg), "tools": tools}, indent=2))

@@ -1,0 +1,112 @@
+"""The policy: a causal LM and its tokenizer on one device, plus the log-prob computation.
+
+`model.path` is a Hugging Face hub id, a local directory, or `builtin:<name>` for a model the
+project builds itself (the registry `BUILTIN_MODELS`; `builtin:tiny-calculator` is the embedded
+default). On GPU the weights stay fp32 and compute runs under bf16 autocast, so AdamW updates
+keep full precision.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+BUILTIN_MODELS: dict[str, Callable[..., Path]] = {}
+
+
+def register_builtin_model(name: str):
+    def wrap(fn):
+        if name in BUILTIN_MODELS:
+            raise ValueError(f"builtin model {name!r} is already registered")
+        BUILTIN_MODELS[name] = fn
+        return fn
+    return wrap
+
+
+@register_builtin_model("tiny-calculator")
+def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
+    from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
+
+    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
+
+
+@dataclass
+class ModelConfig:
+    """`model.*`: what to load and where to run it."""
+
+    path: str = "builtin:tiny-calculator"
+    device: str = "auto"
+    dtype: str = "auto"
+    num_threads: int = 0
+
+
+class Policy:
+    """A causal LM, its tokenizer, and the device/precision it runs at."""
+
+    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype: torch.dtype | None, path: str):
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.autocast_dtype = autocast_dtype
+        self.path = path
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def sequence_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          model=None) -> torch.Tensor:
+        """Log-prob of every token given its prefix.
+
+        Args:
+            input_ids: [B, T] right-padded token ids.
+            attention_mask: [B, T] 1 for real tokens.
+        Returns:
+            [B, T] where column t holds log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0.
+        """
+        model = model or self.model
+        with self.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        picked = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device={name} but no CUDA device is available (use model.device=cpu)")
+    return device
+
+
+def resolve_model_path(path: str, tools: list[dict], seed: int, log=print) -> str:
+    if path.startswith("builtin:"):
+        name = path.split(":", 1)[1]
+        if name not in BUILTIN_MODELS:
+            raise ValueError(f"model.path: unknown builtin model {name!r} (valid: {', '.join(sorted(BUILTIN_MODELS))})")
+        return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log))
+    return path
+
+
+def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -> Policy:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = resolve_device(cfg.device)
+    path = resolve_model_path(cfg.path, tools, seed, log=log)
+    if not path.startswith(("/", ".")) and not Path(path).exists() and "/" not in path:
+        raise ValueError(f"model.path: {path!r} is neither a local directory nor a hub id (org/name)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtypes = {"auto": torch.bfloat16 if device.type == "cuda" else None, "float32": None,
+              "bfloat16": torch.bfloat16}
+    if cfg.dtype not in dtypes:
+        raise ValueError(f"model.dtype: {cfg.dtype!r} is not one of {', '.join(dtypes)}")
+    return Policy(model, tokenizer, device, dtypes[cfg.dtype], path)

@@ -1,0 +1,111 @@
+"""The async multi-turn agent loop: generate -> parse -> call tools -> append tokens -> repeat.
+
+Token-faithful by construction: the trajectory's `token_ids` are the prompt ids, then per turn the
+exact ids the engine generated (loss_mask 1, with the log-probs recorded at generation) and the
+ids of the tool observation (loss_mask 0). The history is never re-rendered or re-tokenized; the
+observation ids come from `ChatFormat.observation_ids`, a delta of the chat template.
+
+Every trajectory is its own task. Nothing waits for the rest of the batch between turns: a
+trajectory whose tool call returns early is generating its next turn while others still wait on
+tools, and the engine batches whatever generation requests are pending at that moment.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from rl_factory.chat import ChatFormat
+from rl_factory.engines.base import Engine, SamplingParams
+from rl_factory.types import Group, ToolResult, Trajectory, Turn
+
+TRUNCATION_MARKER = " ...[truncated]"
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout's slice of the config (`rollout.*` plus `env.max_turns`)."""
+
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turns: int = 3
+    max_response_tokens: int = 64
+    max_total_tokens: int = 512
+    max_tool_response_tokens: int = 128
+
+
+class Agent:
+    """Everything one rollout needs besides the sample: engine, tools, chat format and parser."""
+
+    def __init__(self, engine: Engine, env: Any, fmt: ChatFormat, parser: Any, cfg: RolloutConfig):
+        self.engine, self.env, self.fmt, self.parser, self.cfg = engine, env, fmt, parser, cfg
+
+    async def rollout(self, sample: dict, sample_index: int, params: SamplingParams) -> Trajectory:
+        """Run one trajectory of `sample` (a dataset row with normalized `messages`)."""
+        cfg, fmt = self.cfg, self.fmt
+        messages = [dict(m) for m in sample["messages"]]
+        prompt_ids = fmt.prompt_ids(messages)
+        ids, mask, logprobs = list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids)
+        turns: list[Turn] = []
+        stop_reason = "max_turns"
+        for turn_index in range(cfg.max_turns):
+            budget = min(cfg.max_response_tokens, cfg.max_total_tokens - len(ids))
+            if budget <= 0:
+                stop_reason = "max_tokens"
+                break
+            gen = await self.engine.generate(ids, SamplingParams(params.temperature, params.top_p, budget))
+            ids += gen.token_ids
+            mask += [1] * len(gen.token_ids)
+            logprobs += gen.logprobs
+            text = fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            content, calls = self.parser.parse(text)
+            turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls)
+            turns.append(turn)
+            messages.append(_assistant_message(content, calls))
+            if gen.finish_reason != "stop":
+                stop_reason = "max_tokens"  # cut mid-turn: a half-written call is not executed
+                break
+            if not calls:
+                stop_reason = "answer"
+                break
+            if turn_index == cfg.max_turns - 1:
+                break  # no turn left to read the results: don't run the tools
+            turn.tool_results = await self.env.call_batch(calls)
+            tool_messages = [{"role": "tool", "content": self._clip(r)} for r in turn.tool_results]
+            obs = fmt.observation_ids(tool_messages)
+            messages += tool_messages
+            if len(ids) + len(obs) >= cfg.max_total_tokens:
+                stop_reason = "max_tokens"
+                break
+            turn.observation_ids = obs
+            ids += obs
+            mask += [0] * len(obs)
+            logprobs += [0.0] * len(obs)
+        return Trajectory(sample_index=sample_index, prompt_ids=prompt_ids, token_ids=ids, loss_mask=mask,
+                          logprobs=logprobs, messages=messages, turns=turns, stop_reason=stop_reason,
+                          sample=sample)
+
+    async def rollout_groups(self, samples: list[dict], indices: list[int], n: int,
+                             params: SamplingParams) -> list[Group]:
+        """All n trajectories of every sample, concurrently; returned grouped by sample."""
+        tasks = [self.rollout(s, i, params) for s, i in zip(samples, indices) for _ in range(n)]
+        trajs = await asyncio.gather(*tasks)
+        return [Group(i, list(trajs[k * n: (k + 1) * n])) for k, i in enumerate(indices)]
+
+    def _clip(self, result: ToolResult) -> str:
+        """Truncate a tool's text to the token budget, visibly, so the model knows it is partial."""
+        ids = self.fmt.encode(result.text)
+        if len(ids) <= self.cfg.max_tool_response_tokens:
+            return result.text
+        return self.fmt.tokenizer.decode(ids[: self.cfg.max_tool_response_tokens]) + TRUNCATION_MARKER
+
+
+def _assistant_message(content: str, calls: list) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments if c.arguments is not None else c.raw}}
+            for c in calls
+        ]
+    return message

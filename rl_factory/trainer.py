@@ -1,0 +1,176 @@
+"""The embedded trainer: GRPO-style RL for a tool-using agent, in one process on CPU or one GPU.
+
+`train()` reads top to bottom like the algorithm:
+  for each step: sample prompts -> n async multi-turn rollouts per prompt (tools via MCP) ->
+  reward -> group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
+Validation (greedy by default) runs at step 0, every `trainer.eval_every` steps and at the end.
+A run killed at any point resumes from its last checkpoint with `trainer.resume=auto`.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from rl_factory import checkpoint as ckpt
+from rl_factory.algorithms.advantages import compute_advantages
+from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
+                                   closing_engine, load_rows, open_env)
+from rl_factory.config import ConfigError, section
+from rl_factory.data import PromptSampler
+from rl_factory.engines.base import SamplingParams
+from rl_factory.evaluate import evaluate, summarize, write_rollouts
+from rl_factory.policy import ModelConfig, load_policy
+from rl_factory.run import RunDir, StepProgress
+from rl_factory.tracking import Tracker
+from rl_factory.update import AlgorithmConfig, OptimConfig, update_policy
+from rewards.loader import load_reward, score_trajectories
+
+log = logging.getLogger("rl_factory")
+
+
+@dataclass
+class TrainerConfig:
+    """`trainer.*`: the loop, its outputs and resume."""
+
+    backend: str = "embedded"
+    total_steps: int = 40
+    output_dir: str = "outputs/run"
+    eval_every: int = 20
+    save_every: int = 20
+    keep_checkpoints: int = 2
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    resume: str = "auto"
+    save_rollouts: bool = True
+    progress: bool = True
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run training from a composed config; returns the final summary."""
+    return asyncio.run(_train(cfg))
+
+
+async def _train(cfg: DictConfig) -> dict[str, Any]:
+    t_cfg = section(cfg, "trainer", TrainerConfig)
+    model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
+    env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
+    roll_cfg, alg = section(cfg, "rollout", SamplingConfig), section(cfg, "algorithm", AlgorithmConfig)
+    optim_cfg, seed = section(cfg, "optim", OptimConfig), int(cfg.seed)
+    run = RunDir(Path(t_cfg.output_dir))
+    resume_from = run.resume_point(t_cfg.resume)
+    run.start(cfg, resumed=resume_from is not None)
+    _seed_everything(seed)
+
+    # Data and reward load first: a typo there should fail before any server or model starts.
+    reward_fn = load_reward(reward_cfg.function)
+    train_rows = load_rows(data_cfg.train_files, data_cfg)
+    val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
+    sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
+    train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
+    val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
+
+    async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env:
+        policy = load_policy(model_cfg, env.tools, seed=seed, log=log.info)
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=optim_cfg.lr,
+                                      weight_decay=optim_cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / max(1, optim_cfg.warmup_steps)))
+        ref_model = _frozen_copy(policy.model) if alg.kl_coef > 0 else None
+        step, history = 0, {}
+        if resume_from is not None:
+            step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
+            log.info("resumed from %s (step %d)", resume_from, step)
+        agent = build_agent(policy, env, env_cfg, roll_cfg)
+        tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
+
+        async def validate(at_step: int) -> dict[str, float]:
+            metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
+            if t_cfg.save_rollouts:
+                write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
+            return {f"val/{k}": v for k, v in metrics.items()}
+
+        async with closing_engine(agent):
+            if step == 0:  # the "before" of the closing summary
+                history["first_val"] = await validate(0)
+                tracker.log(history["first_val"], step=0)
+            progress = StepProgress(t_cfg.total_steps, start=step, enabled=t_cfg.progress)
+            while step < t_cfg.total_steps:
+                step += 1
+                t0 = time.perf_counter()
+                env.reset_metrics()  # tool/* metrics are this step's, not cumulative since the start
+                # 1. Sample a batch of prompts (the sampler's position is checkpointed).
+                indices = sampler.next_indices()
+                samples = [train_rows[i] for i in indices]
+                # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP.
+                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params)
+                trajs = [t for g in groups for t in g.trajectories]
+                t1 = time.perf_counter()
+                # 3. Score every trajectory with the user's reward function.
+                reward_stats = await score_trajectories(reward_fn, trajs, reward_cfg.max_concurrency)
+                t2 = time.perf_counter()
+                # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
+                advantages = compute_advantages(alg.advantage, [t.reward for t in trajs],
+                                                [t.sample_index for t in trajs], **alg.advantage_options)
+                for traj, adv in zip(trajs, advantages.tolist()):
+                    traj.advantage = adv
+                # 5. Policy update with the registered policy loss.
+                actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step)
+                t3 = time.perf_counter()
+                # 6. Log, write rollouts, validate and checkpoint.
+                metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
+                           **env.metrics(), "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1,
+                           "timing/update_s": t3 - t2}
+                if t_cfg.save_rollouts:
+                    write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)
+                last = step == t_cfg.total_steps
+                if last or (t_cfg.eval_every and step % t_cfg.eval_every == 0):
+                    history["last_val"] = await validate(step)
+                    metrics.update(history["last_val"])
+                metrics["timing/step_s"] = time.perf_counter() - t0
+                tracker.log(metrics, step=step)
+                progress.update(step, metrics)
+                if last or (t_cfg.save_every and step % t_cfg.save_every == 0):
+                    ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
+                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "sampler": sampler.state_dict(), "history": history,
+                    }, keep=t_cfg.keep_checkpoints)
+            progress.close()
+        tracker.close()
+    return run.finish(history, step)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _frozen_copy(model):
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _resume(path: Path, policy, optimizer, scheduler, sampler) -> tuple[int, dict]:
+    from transformers import AutoModelForCausalLM
+
+    state = ckpt.load_trainer_state(path)
+    weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    policy.model.load_state_dict(weights)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    ckpt.set_rng_state(state["rng"])
+    if state["step"] <= 0:
+        raise ConfigError(f"checkpoint {path} has no step")
+    return int(state["step"]), dict(state.get("history", {}))

@@ -1,0 +1,103 @@
+"""The currency between modules: tool calls, tool results, turns, trajectories and groups.
+
+Everything the rollout produces and the trainer, rewards and loggers consume is one of these
+dataclasses. They hold plain Python lists (not tensors) so they cross process boundaries (verl
+workers) and serialize to the rollout JSONL without conversion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ToolCall:
+    """One tool call as the model wrote it.
+
+    `arguments` is None when the call text could not be parsed; `error` then says why, and the
+    call still flows to the tool env so the model sees the error as a tool message.
+    """
+
+    name: str
+    arguments: dict[str, Any] | None
+    raw: str = ""
+    error: str | None = None
+
+
+@dataclass
+class ToolResult:
+    """What one call returned, already rendered as the text the model will see.
+
+    `error_kind` is None on success, else one of: "parse", "unknown_tool", "bad_arguments",
+    "timeout", "server_error", "crashed". Failures are observations, never exceptions.
+    """
+
+    call: ToolCall
+    text: str
+    error_kind: str | None = None
+    server: str | None = None
+    latency_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+@dataclass
+class Turn:
+    """One assistant turn: the tokens the engine generated and the observation appended after it."""
+
+    generated_ids: list[int]
+    logprobs: list[float]
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
+    observation_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn rollout of one prompt.
+
+    `token_ids` is the exact sequence the policy is trained on: prompt ids, then for every turn the
+    generated ids (loss_mask 1) and the observation ids (loss_mask 0). `logprobs` are the behaviour
+    policy's log-probs recorded at generation, aligned with `token_ids` (0.0 where loss_mask is 0).
+    """
+
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    messages: list[dict[str, Any]]
+    turns: list[Turn]
+    stop_reason: str
+    sample: dict[str, Any] = field(default_factory=dict)
+    reward: float | None = None
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    advantage: float | None = None
+
+    @property
+    def completion(self) -> str:
+        """The final assistant message: what a reward usually scores."""
+        return self.turns[-1].text if self.turns else ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [c for t in self.turns for c in t.tool_calls]
+
+    @property
+    def tool_results(self) -> list[ToolResult]:
+        return [r for t in self.turns for r in t.tool_results]
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Group:
+    """The n trajectories sampled for one prompt: the unit of group-relative advantages."""
+
+    sample_index: int
+    trajectories: list[Trajectory]

@@ -1,0 +1,113 @@
+"""The policy-gradient update over one step's trajectories (mini-batches, micro-batches, KL).
+
+Trajectories whose advantage is exactly 0 (a GRPO group where every rollout got the same reward)
+contribute no policy gradient, so they are skipped unless a KL penalty needs them: on CPU this
+often halves the cost of an update without changing it.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rl_factory.algorithms.losses import get_policy_loss, kl_penalty, masked_mean
+from rl_factory.types import Trajectory
+
+
+@dataclass
+class AlgorithmConfig:
+    """`algorithm.*`: estimator, policy loss and KL."""
+
+    advantage: str = "grpo"
+    advantage_options: dict[str, Any] = field(default_factory=dict)
+    policy_loss: str = "ppo_clip"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    loss_agg: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+
+
+@dataclass
+class OptimConfig:
+    """`optim.*`: optimizer and batching of the update."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 64
+
+
+def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-pad trajectories into tensors: ids/attention/loss mask/old log-probs [B, T], advantages [B]."""
+    width = max(len(t.token_ids) for t in trajs)
+    rows = len(trajs)
+    batch = {
+        "input_ids": torch.full((rows, width), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((rows, width), dtype=torch.long),
+        "loss_mask": torch.zeros((rows, width), dtype=torch.float32),
+        "old_logprobs": torch.zeros((rows, width), dtype=torch.float32),
+    }
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        batch["input_ids"][i, :n] = torch.tensor(t.token_ids)
+        batch["attention_mask"][i, :n] = 1
+        batch["loss_mask"][i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        batch["old_logprobs"][i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    batch["advantages"] = torch.tensor([t.advantage for t in trajs], dtype=torch.float32)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
+                  optim: OptimConfig, ref_model=None, seed: int = 0) -> dict[str, float]:
+    """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics."""
+    train = [t for t in trajs if t.advantage != 0.0 or alg.kl_coef > 0]
+    if not train:
+        return {"actor/trained_fraction": 0.0}
+    loss_fn = get_policy_loss(alg.policy_loss)
+    rng = random.Random(seed)
+    pad_id = policy.tokenizer.pad_token_id
+    totals: dict[str, list[float]] = {}
+    policy.model.train()
+    for _ in range(optim.ppo_epochs):
+        order = train[:]
+        rng.shuffle(order)
+        size = -(-len(order) // optim.mini_batches)
+        for start in range(0, len(order), size):
+            mini = order[start: start + size]
+            tokens = sum(sum(t.loss_mask) for t in mini)
+            optimizer.zero_grad(set_to_none=True)
+            for m0 in range(0, len(mini), optim.micro_batch_size):
+                micro = mini[m0: m0 + optim.micro_batch_size]
+                b = collate(micro, pad_id, policy.device)
+                logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
+                loss, stats = loss_fn(logprobs, b["old_logprobs"], b["advantages"], b["loss_mask"],
+                                      clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
+                                      agg=alg.loss_agg)
+                if ref_model is not None and alg.kl_coef > 0:
+                    with torch.no_grad():
+                        ref = policy.sequence_logprobs(b["input_ids"], b["attention_mask"], model=ref_model)
+                    kl = masked_mean(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"])
+                    loss = loss + alg.kl_coef * kl
+                    stats["kl"] = float(kl.detach())
+                # Weight each micro-batch by its share of the mini-batch so accumulation gives the
+                # same gradient as one big batch (by tokens for token_mean, by rows otherwise).
+                share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / len(mini)
+                (loss * share).backward()
+                stats["loss"] = float(loss.detach())
+                for k, v in stats.items():
+                    totals.setdefault(k, []).append(float(v))
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), optim.grad_clip)
+            totals.setdefault("grad_norm", []).append(float(grad_norm))
+            optimizer.step()
+            scheduler.step()
+    policy.model.eval()
+    metrics = {f"actor/{k}": sum(v) / len(v) for k, v in totals.items()}
+    metrics["actor/trained_fraction"] = len(train) / len(trajs)
+    metrics["actor/lr"] = scheduler.get_last_lr()[0]
+    return metrics

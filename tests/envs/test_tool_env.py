@@ -1,0 +1,178 @@
+"""ToolEnv against real MCP servers (the calculator and tests/fakes/slow_server.py) as subprocesses."""
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from unittest import mock
+
+import pytest
+from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
+
+from envs import ToolEnv, ToolEnvError
+from envs.servers.calculator import build_server
+from envs.tool_env import render_result
+from rl_factory.types import ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def env(tmp_path_factory, write_manifest, slow_server):
+    """Calculator + slow server, started once; no PYTHONPATH in our env and an unrelated cwd, so
+    the calculator only imports because the manifest puts the project root on its PYTHONPATH."""
+    tmp = tmp_path_factory.mktemp("env")
+    path = write_manifest(tmp, {
+        "calculator": {"command": "python", "args": ["-m", "envs.servers.calculator"], "cwd": str(tmp)},
+        "slow": slow_server(timeout_s=0.5)})
+    with mock.patch.dict(os.environ):
+        os.environ.pop("PYTHONPATH", None)
+        tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs")
+    async with tool_env:
+        yield tool_env
+
+
+async def test_tools_are_mcp_schemas_unchanged(env):
+    (expected,) = await build_server().list_tools()
+    calculator = next(t for t in env.tools if t["function"]["name"] == "calculator")
+    assert calculator == {"type": "function", "function": {
+        "name": "calculator", "description": expected.description, "parameters": expected.input_schema}}
+    assert env.tool_names == ["calculator", "sleep", "crash", "pid", "fail"]
+    assert env.server_of("sleep") == "slow"
+
+
+async def test_call_batch_runs_concurrently(env):
+    calls = [ToolCall("calculator", {"expression": f"{i} * {i}"}) for i in range(50)]
+    results = await env.call_batch(calls)
+    assert [r.text for r in results] == [str(i * i) for i in range(50)]
+    assert all(r.ok and r.server == "calculator" for r in results)
+    start = time.perf_counter()
+    results = await env.call_batch([ToolCall("sleep", {"seconds": 0.3})] * 50)
+    assert all(r.ok for r in results) and time.perf_counter() - start < 3  # not 15 s sequential
+
+
+async def test_failures_are_results(env):
+    env.reset_metrics()
+    calls = [
+        ToolCall("calculator", {"expression": "2 + 3"}),
+        ToolCall("", None, raw="<tool_call>{bad</tool_call>", error="invalid JSON"),
+        ToolCall("search", {"q": "x"}),
+        ToolCall("calculator", {"expr": "1"}),
+        ToolCall("calculator", {"expression": 12}),
+        ToolCall("sleep", {"seconds": 5}),
+        ToolCall("calculator", {"expression": "1 / 0"}),
+        ToolCall("fail", {"message": "boom"}),
+    ]
+    results = await env.call_batch(calls)
+    assert [r.error_kind for r in results] == [None, "parse", "unknown_tool", "bad_arguments",
+                                               "bad_arguments", "timeout", "server_error", "server_error"]
+    ok, parse, unknown, missing, wrong_type, timeout, div, fail = results
+    assert ok.text == "5"
+    assert parse.text == "Error: could not parse the tool call: invalid JSON"
+    assert unknown.text.startswith("Error: unknown tool 'search'; available tools: calculator, sleep")
+    assert missing.text == "Error: invalid arguments for 'calculator': 'expression' is a required property"
+    assert wrong_type.text == ("Error: invalid arguments for 'calculator' at 'expression': "
+                               "12 is not of type 'string'")
+    assert timeout.text == "Error: tool 'sleep' timed out after 0.5s" and 0.4 < timeout.latency_s < 2
+    assert div.text == "Error executing tool calculator: division by zero"
+    assert fail.text == "Error executing tool fail: boom"
+    assert (await env.call(ToolCall("sleep", {"seconds": 0.01}))).ok  # usable after a timeout
+
+    metrics = env.metrics()
+    assert metrics["tool/calls"] == 9 and metrics["tool/success_rate"] == pytest.approx(2 / 9)
+    assert metrics["tool/calculator/calls"] == 4 and metrics["tool/calculator/errors/bad_arguments"] == 2
+    assert metrics["tool/_invalid/errors/unknown_tool"] == 1 and metrics["tool/_invalid/errors/parse"] == 1
+    assert metrics["tool/sleep/errors/timeout"] == 1 and metrics["tool/errors/server_error"] == 2
+    assert 0 < metrics["tool/latency_s/mean"] < metrics["tool/latency_s/max"]
+    env.reset_metrics()
+    assert env.metrics() == {"tool/calls": 0.0}
+
+
+async def test_crashed_server_fails_fast_then_restarts(tmp_path, write_manifest, slow_server):
+    async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server()})) as env:
+        first_pid = (await env.call(ToolCall("pid", {}))).text
+        crashed = await env.call_batch([ToolCall("crash", {}), ToolCall("sleep", {"seconds": 2})])
+        assert [r.error_kind for r in crashed] == ["crashed", "crashed"]
+        assert crashed[0].text.startswith("Error: tool server 'slow' crashed")
+        restarted = await env.call(ToolCall("pid", {}))  # the next call restarts the server
+        assert restarted.ok and restarted.text != first_pid
+        assert env.metrics()["tool/errors/crashed"] == 2
+
+
+async def test_exit_leaves_no_child_process(tmp_path, write_manifest, slow_server):
+    async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server()})) as env:
+        pid = int((await env.call(ToolCall("pid", {}))).text)
+        os.kill(pid, 0)  # alive while the env is open
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_duplicate_tool_names_both_servers(tmp_path, write_manifest, slow_server):
+    path = write_manifest(tmp_path, {"a": slow_server(tools={"include": ["pid"]}),
+                                     "b": slow_server(tools={"exclude": ["crash"]})})
+    with pytest.raises(ToolEnvError, match="tool 'pid' is served by both 'a' and 'b'"):
+        async with ToolEnv.from_manifest(path):
+            pass
+
+
+async def test_server_that_cannot_start(tmp_path, write_manifest):
+    path = write_manifest(tmp_path, {"broken": {"command": "python", "args": ["-m", "envs.servers.nope"]}})
+    with pytest.raises(ToolEnvError, match=r"MCP server 'broken' .* failed to start: .*No module named"):
+        async with ToolEnv.from_manifest(path):
+            pass
+
+
+async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = slow_server()["args"][0]
+    proc = subprocess.Popen([sys.executable, script, "--transport", "streamable-http", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await _wait_for_port(port)
+        path = write_manifest(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp",
+                                                 "tools": {"include": ["sleep", "pid"]}}})
+        async with ToolEnv.from_manifest(path) as env:
+            assert env.tool_names == ["sleep", "pid"]
+            results = await env.call_batch([ToolCall("sleep", {"seconds": 0.1})] * 10)
+            assert [r.text for r in results] == ["slept 0.1"] * 10
+            proc.kill()
+            proc.wait()
+            assert (await env.call(ToolCall("pid", {}))).error_kind == "crashed"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def _wait_for_port(port: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def test_empty_env():
+    env = ToolEnv.from_manifest(None)
+    async with env:
+        assert env.tools == []
+        result = await env.call(ToolCall("calculator", {"expression": "1"}))
+    assert result.error_kind == "unknown_tool"
+    assert result.text == "Error: unknown tool 'calculator'; no tools are available"
+    assert (await ToolEnv.empty().call_batch([])) == []
+
+
+def test_render_result_non_text_content():
+    result = CallToolResult(content=[
+        TextContent(type="text", text="see"),
+        ImageContent(type="image", data="AAAA", mime_type="image/png"),
+        ResourceLink(type="resource_link", name="r", uri="file:///tmp/r.txt")])
+    assert render_result(result) == "see\n[image: image/png]\n[resource: file:///tmp/r.txt]"
+    assert render_result(CallToolResult(content=[], structured_content={"result": 5})) == '{"result": 5}'

@@ -1,0 +1,170 @@
+"""Units of the embedded trainer: the policy update, batching, checkpoints and config slices.
+
+The update tests use the real tiny model and hand-made trajectories whose old log-probs are the
+model's own (on-policy, so PPO ratios start at 1), and check the direction of one optimizer step.
+"""
+import copy
+
+import pytest
+import torch
+
+from rl_factory import checkpoint as ckpt
+from rl_factory.config import ConfigError, load_config, section
+from rl_factory.policy import ModelConfig, load_policy
+from rl_factory.rollout import RolloutConfig
+from rl_factory.types import Trajectory
+from rl_factory.update import AlgorithmConfig, OptimConfig, collate, update_policy
+
+
+@pytest.fixture(scope="module")
+def base_policy(tiny_model_dir, calculator_tools):
+    return load_policy(ModelConfig(path=str(tiny_model_dir), device="cpu"), calculator_tools, log=lambda *_: None)
+
+
+@pytest.fixture
+def policy(base_policy):
+    """A fresh copy per test: updates must not leak between tests."""
+    fresh = copy.copy(base_policy)
+    fresh.model = copy.deepcopy(base_policy.model)
+    return fresh
+
+
+def make_traj(policy, question: str, response: str, advantage: float, index: int = 0) -> Trajectory:
+    tok = policy.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                                add_generation_prompt=True), add_special_tokens=False)
+    generated = tok.encode(response, add_special_tokens=False) + [tok.eos_token_id]
+    ids = prompt + generated
+    mask = [0] * len(prompt) + [1] * len(generated)
+    traj = Trajectory(sample_index=index, prompt_ids=prompt, token_ids=ids, loss_mask=mask,
+                      logprobs=[0.0] * len(ids), messages=[], turns=[], stop_reason="answer",
+                      advantage=advantage)
+    traj.logprobs = [lp * m for lp, m in zip(response_logprobs(policy, [traj])[0], mask)]
+    return traj
+
+
+def response_logprobs(policy, trajs) -> list[list[float]]:
+    b = collate(trajs, policy.tokenizer.pad_token_id, policy.device)
+    with torch.no_grad():
+        lps = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
+    return [lps[i, : len(t.token_ids)].tolist() for i, t in enumerate(trajs)]
+
+
+def mean_response_logprob(policy, traj) -> float:
+    lps = response_logprobs(policy, [traj])[0]
+    picked = [lp for lp, m in zip(lps, traj.loss_mask) if m]
+    return sum(picked) / len(picked)
+
+
+def constant_schedule(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def test_update_moves_logprobs_in_the_direction_of_the_advantage(policy):
+    good = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=1.0, index=0)
+    bad = make_traj(policy, "What is 1234 + 5678?", "I think it is 7.", advantage=-1.0, index=1)
+    before = {id(t): mean_response_logprob(policy, t) for t in (good, bad)}
+    # Plain SGD with a large step (clipped to norm 1): one step is far enough to see, and small
+    # enough to stay first-order (Adam at 1e-2 moves every weight of this tiny model too far).
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    metrics = update_policy(policy, optimizer, constant_schedule(optimizer), [good, bad], AlgorithmConfig(),
+                            OptimConfig(lr=0.1))
+    assert mean_response_logprob(policy, good) > before[id(good)] + 0.02
+    assert mean_response_logprob(policy, bad) < before[id(bad)] - 0.02
+    assert metrics["actor/trained_fraction"] == 1.0
+    assert metrics["actor/lr"] == pytest.approx(0.1)
+    assert metrics["actor/ratio_mean"] == pytest.approx(1.0)  # on-policy old log-probs
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+
+
+def test_update_skips_zero_advantage_trajectories(policy, base_policy):
+    """With plain SGD (no Adam scale invariance, no clipping) the step on [positive, zero] is the
+    step on [positive] alone: the zero-advantage trajectory adds neither gradient nor tokens."""
+    def step(trajs):
+        pol = copy.copy(base_policy)
+        pol.model = copy.deepcopy(base_policy.model)
+        optimizer = torch.optim.SGD(pol.model.parameters(), lr=0.5)
+        metrics = update_policy(pol, optimizer, constant_schedule(optimizer), trajs, AlgorithmConfig(),
+                                OptimConfig(grad_clip=1e9))
+        return pol, metrics
+
+    pos = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=1.0, index=0)
+    zero = make_traj(policy, "What is 12 + 30?", "The answer is 42, I believe.", advantage=0.0, index=1)
+    both, metrics = step([pos, zero])
+    alone, _ = step([pos])
+    assert metrics["actor/trained_fraction"] == 0.5
+    for p, q, orig in zip(both.model.parameters(), alone.model.parameters(), base_policy.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+    assert any(not torch.equal(p, o) for p, o in zip(both.model.parameters(), base_policy.model.parameters()))
+
+    # Nothing to learn from: no forward pass, no optimizer step, parameters untouched.
+    untouched, metrics = step([zero, copy.copy(zero)])
+    assert metrics == {"actor/trained_fraction": 0.0}
+    for p, o in zip(untouched.model.parameters(), base_policy.model.parameters()):
+        assert torch.equal(p, o)
+
+
+def test_collate_right_pads_into_aligned_tensors(policy):
+    short = make_traj(policy, "Hi", "ok", advantage=0.5, index=0)
+    long = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=-1.5, index=1)
+    pad = policy.tokenizer.pad_token_id
+    b = collate([short, long], pad, torch.device("cpu"))
+    width = len(long.token_ids)
+    assert len(short.token_ids) < width
+    for key in ("input_ids", "attention_mask", "loss_mask", "old_logprobs"):
+        assert b[key].shape == (2, width), key
+    assert b["advantages"].shape == (2,) and b["advantages"].tolist() == [0.5, -1.5]
+    assert b["input_ids"].dtype == torch.long and b["loss_mask"].dtype == torch.float32
+    n = len(short.token_ids)
+    assert b["input_ids"][0, :n].tolist() == short.token_ids
+    assert b["input_ids"][0, n:].tolist() == [pad] * (width - n)
+    assert b["attention_mask"][0].tolist() == [1] * n + [0] * (width - n)
+    assert b["loss_mask"][0].tolist() == short.loss_mask + [0.0] * (width - n)
+    assert b["old_logprobs"][0, :n].tolist() == pytest.approx(short.logprobs)
+    assert b["input_ids"][1].tolist() == long.token_ids and b["attention_mask"][1].all()
+
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path, base_policy):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = base_policy.model, base_policy.tokenizer
+    first = ckpt.save_checkpoint(tmp_path, 1, model, tok, {"note": "one"})
+    assert first == tmp_path / "checkpoints" / "step_000001"
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    # A run killed while saving step 2 leaves its temp dir (even with the state file written):
+    leftover = tmp_path / "checkpoints" / ".tmp-step_000002"
+    leftover.mkdir()
+    (leftover / ckpt.STATE_FILE).write_bytes(b"partial")
+    # ... and a step directory without the state file is not a checkpoint either:
+    stateless = tmp_path / "checkpoints" / "step_000009"
+    stateless.mkdir()
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    stateless.rmdir()
+
+    second = ckpt.save_checkpoint(tmp_path, 2, model, tok, {"note": "two"}, keep=0)
+    assert ckpt.latest_checkpoint(tmp_path) == second and not leftover.exists()
+    state = ckpt.load_trainer_state(second)
+    assert state["step"] == 2 and state["note"] == "two" and "rng" in state
+    loaded = AutoModelForCausalLM.from_pretrained(second)
+    for p, q in zip(loaded.parameters(), model.parameters()):
+        assert torch.equal(p, q)
+
+    ckpt.save_checkpoint(tmp_path, 3, model, tok, {}, keep=2)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_000002", "step_000003"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000003"
+
+
+def test_section_names_an_unknown_key():
+    cfg = section({"rollout": {"n": 2}}, "rollout", RolloutConfig)
+    assert cfg.n == 2 and cfg.max_turns == RolloutConfig().max_turns
+    with pytest.raises(ConfigError, match=r"rollout\.temprature") as err:
+        section({"rollout": {"n": 2, "temprature": 0.5}}, "rollout", RolloutConfig)
+    assert "temperature" in str(err.value)  # the valid keys are listed
+
+
+def test_load_config_rejects_a_misspelled_key():
+    with pytest.raises(ConfigError, match="totl_steps"):
+        load_config("grpo", ["trainer.totl_steps=1"])
+    cfg = load_config("grpo", ["trainer.total_steps=1", "rollout.n=3"])
+    assert cfg.trainer.total_steps == 1 and cfg.rollout.n == 3
