@@ -27,10 +27,10 @@ def register_builtin_model(name: str):
 
 
 @register_builtin_model("tiny-calculator")
-def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
+def _tiny_calculator(tools: list[dict], seed: int, log, device: torch.device) -> Path:
     from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
 
-    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
+    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log, device=str(device))
 
 
 @dataclass
@@ -83,12 +83,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_model_path(path: str, tools: list[dict], seed: int, log=print) -> str:
+def resolve_model_path(path: str, tools: list[dict], seed: int, log=print,
+                       device: torch.device = torch.device("cpu")) -> str:
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name not in BUILTIN_MODELS:
             raise ValueError(f"model.path: unknown builtin model {name!r} (valid: {', '.join(sorted(BUILTIN_MODELS))})")
-        return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log))
+        return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log, device=device))
     return path
 
 
@@ -98,7 +99,7 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    path = resolve_model_path(cfg.path, tools, seed, log=log)
+    path = resolve_model_path(cfg.path, tools, seed, log=log, device=device)
     if not path.startswith(("/", ".")) and not Path(path).exists() and "/" not in path:
         raise ValueError(f"model.path: {path!r} is neither a local directory nor a hub id (org/name)")
     tokenizer = AutoTokenizer.from_pretrained(path)

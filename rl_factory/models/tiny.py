@@ -61,7 +61,8 @@ def build_key(cfg: TinyModelConfig, tools: list[dict]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log=print) -> Path:
+def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log=print,
+                      device: str = "cpu") -> Path:
     """Return the directory of the built model, building and caching it on first use."""
     cfg = cfg or TinyModelConfig()
     out = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
@@ -72,7 +73,7 @@ def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log
     # Build in a sibling temp dir and rename: a run killed mid-build never leaves a half-built cache.
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
     try:
-        build_tiny_model(tmp, tools, cfg, log=log)
+        build_tiny_model(tmp, tools, cfg, log=log, device=device)
         os.replace(tmp, out)
     except OSError:
         if not (out / "config.json").exists():  # lost a race with a concurrent build: theirs is fine
@@ -104,7 +105,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
     return fast
 
 
-def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print) -> None:
+def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print, device: str = "cpu") -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -122,7 +123,7 @@ def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=pri
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
-    model = Qwen3ForCausalLM(model_cfg)
+    model = Qwen3ForCausalLM(model_cfg).to(device)
     log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"vocab {len(tokenizer)}")
     fmt = ChatFormat(tokenizer, tools)
@@ -133,6 +134,6 @@ def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=pri
                     ws, pad, log=log, name="warm start (weak decision)")
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
+    model.cpu().save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "build.json").write_text(json.dumps({"config": asdict(cfg), "tools": tools}, indent=2))

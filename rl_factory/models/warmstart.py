@@ -28,7 +28,7 @@ class WarmStartConfig:
     # It stops once the loss falls below `mechanics_loss` (copying learned), at most after
     # `mechanics_steps`.
     mechanics_steps: int = 900
-    mechanics_loss: float = 0.03
+    mechanics_loss: float = 0.05
     # Phase 2: only `tool_share` of transcripts call it; this sets the (weak) decision to call.
     decision_steps: int = 100
     tool_share: float = 0.3
@@ -110,7 +110,9 @@ def supervised_pass(model, examples: list[tuple[list[int], list[int]]], steps: i
     t0, ema = time.time(), None
     for step in range(steps):
         idx = torch.randint(len(examples), (cfg.batch_size,), generator=gen).tolist()
-        loss = model(**_batch([examples[i] for i in idx], pad_id)).loss
+        device = next(model.parameters()).device
+        batch = {k: v.to(device) for k, v in _batch([examples[i] for i in idx], pad_id).items()}
+        loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
