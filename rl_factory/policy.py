@@ -2,8 +2,8 @@
 
 `model.path` is a Hugging Face hub id, a local directory, or `builtin:<name>` for a model the
 project builds itself (the registry `BUILTIN_MODELS`; `builtin:tiny-calculator` is the embedded
-default). On GPU the weights stay fp32 and compute runs under bf16 autocast, so AdamW updates
-keep full precision.
+default). Weights stay fp32 so AdamW updates keep full precision; on GPU, compute runs under bf16
+autocast for checkpoints published in half precision (`model.dtype=auto`).
 """
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def register_builtin_model(name: str):
 def _tiny_calculator(tools: list[dict], seed: int, log, device: torch.device) -> Path:
     from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
 
-    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log, device=str(device))
+    # Always built on the CPU: the same seed gives the same model on every machine (GPU kernels
+    # would give a slightly different one), and the build takes about two minutes either way.
+    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
 
 
 @dataclass
@@ -103,11 +105,30 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     if not path.startswith(("/", ".")) and not Path(path).exists() and "/" not in path:
         raise ValueError(f"model.path: {path!r} is neither a local directory nor a hub id (org/name)")
     tokenizer = AutoTokenizer.from_pretrained(path)
+    saved_dtype = _saved_dtype(path)  # read before loading: loading in fp32 rewrites the config's dtype
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtypes = {"auto": torch.bfloat16 if device.type == "cuda" else None, "float32": None,
-              "bfloat16": torch.bfloat16}
-    if cfg.dtype not in dtypes:
-        raise ValueError(f"model.dtype: {cfg.dtype!r} is not one of {', '.join(dtypes)}")
-    return Policy(model, tokenizer, device, dtypes[cfg.dtype], path)
+    return Policy(model, tokenizer, device, _autocast_dtype(cfg.dtype, device, saved_dtype), path)
+
+
+def _saved_dtype(path: str) -> str:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(saved).replace("torch.", "")
+
+
+def _autocast_dtype(name: str, device: torch.device, saved: str) -> torch.dtype | None:
+    """bf16 autocast on GPU for checkpoints published in half precision (Qwen3 & co.); fp32 otherwise.
+
+    "auto" follows the checkpoint: the embedded tiny model is saved in fp32 and loses its ability to
+    copy numbers exactly under bf16, while billion-parameter models are trained and shipped in bf16.
+    """
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and saved in ("bfloat16", "float16") else None
+    dtypes = {"float32": None, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ValueError(f"model.dtype: {name!r} is not one of auto, {', '.join(dtypes)}")
+    return dtypes[name]
