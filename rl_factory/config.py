@@ -8,6 +8,7 @@ one node into its dataclass and names any key the dataclass does not know.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,8 +35,24 @@ def load_config(name: str, overrides: list[str], config_dir: str | Path | None =
             cfg = compose(config_name=name, overrides=list(overrides))
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_short(str(exc))) from None
+        raise ConfigError(_explain(str(exc), config_dir, name)) from None
     return cfg
+
+
+def _explain(message: str, config_dir: Path, name: str) -> str:
+    """Turn Hydra's 'Could not override' into 'unknown config key a.b (did you mean a.c?)'."""
+    match = re.search(r"Could not override '([^']+)'", message)
+    if not match:
+        return _short(message)
+    key = match.group(1)
+    parent, _, leaf = key.rpartition(".")
+    base = OmegaConf.load(config_dir / f"{name}.yaml")
+    node = OmegaConf.select(base, parent) if parent else base
+    hint = ""
+    if isinstance(node, DictConfig):
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    return f"unknown config key {key}{hint}; to add a new key use +{key}=..."
 
 
 def _short(message: str) -> str:
@@ -54,10 +71,14 @@ def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"unknown config key {key}.{unknown[0]} (valid keys: {', '.join(sorted(fields))})")
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
+    from pydantic import TypeAdapter, ValidationError
+
+    try:  # checks each value against the dataclass's type hints ("optim.lr=abc" fails here)
+        return TypeAdapter(cls).validate_python(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in (key, *err["loc"]) if p != "")
+        raise ConfigError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
 def redacted(cfg: DictConfig | dict) -> dict:

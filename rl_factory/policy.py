@@ -102,11 +102,15 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     path = resolve_model_path(cfg.path, tools, seed, log=log, device=device)
-    if not path.startswith(("/", ".")) and not Path(path).exists() and "/" not in path:
-        raise ValueError(f"model.path: {path!r} is neither a local directory nor a hub id (org/name)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    saved_dtype = _saved_dtype(path)  # read before loading: loading in fp32 rewrites the config's dtype
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    local = path.startswith(("/", ".", "~")) or Path(path).exists()
+    if local and not Path(path).expanduser().is_dir():
+        raise ValueError(f"model.path: local directory {path} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        saved_dtype = _saved_dtype(path)  # read before loading: loading in fp32 rewrites the config's dtype
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    except OSError as exc:  # not a model dir, unknown hub id, no network: say which key is wrong
+        raise ValueError(f"model.path: cannot load {path!r}: {str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Policy(model, tokenizer, device, _autocast_dtype(cfg.dtype, device, saved_dtype), path)

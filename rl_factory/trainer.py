@@ -22,7 +22,8 @@ import torch
 from omegaconf import DictConfig
 
 from rl_factory import checkpoint as ckpt
-from rl_factory.algorithms.advantages import compute_advantages
+from rl_factory.algorithms.advantages import compute_advantages, get_advantage
+from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
@@ -70,7 +71,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     run.start(cfg, resumed=resume_from is not None)
     _seed_everything(seed)
 
-    # Data and reward load first: a typo there should fail before any server or model starts.
+    # Names, data and reward are checked first: a typo should fail before any server or model starts.
+    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
     reward_fn = load_reward(reward_cfg.function)
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
