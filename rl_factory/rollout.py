@@ -12,6 +12,7 @@ tools, and the engine batches whatever generation requests are pending at that m
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,21 @@ class Agent:
 
     def __init__(self, engine: Engine, env: Any, fmt: ChatFormat, parser: Any, cfg: RolloutConfig):
         self.engine, self.env, self.fmt, self.parser, self.cfg = engine, env, fmt, parser, cfg
+        self._spans: dict[str, list[tuple[float, float]]] = {"generate": [], "tools": []}
+
+    def timing(self) -> dict[str, float]:
+        """Wall time spent generating, in tools, and how much tool time overlapped generation.
+
+        Measured from the (start, end) spans of every generate and call_batch since the last call:
+        `timing/tools_hidden` is the share of tool wall time during which the engine was also
+        generating for some other trajectory (1.0 = tools fully hidden; lockstep loops score 0).
+        """
+        gen, tools = _union(self._spans["generate"]), _union(self._spans["tools"])
+        self._spans = {"generate": [], "tools": []}
+        tool_s = _length(tools)
+        hidden = _length(_intersect(gen, tools))
+        return {"timing/generate_s": _length(gen), "timing/tools_s": tool_s,
+                "timing/tools_hidden": hidden / tool_s if tool_s else float("nan")}
 
     async def rollout(self, sample: dict, sample_index: int, params: SamplingParams) -> Trajectory:
         """Run one trajectory of `sample` (a dataset row with normalized `messages`)."""
@@ -54,7 +70,9 @@ class Agent:
             if budget <= 0:
                 stop_reason = "max_tokens"
                 break
+            t0 = time.perf_counter()
             gen = await self.engine.generate(ids, SamplingParams(params.temperature, params.top_p, budget))
+            self._spans["generate"].append((t0, time.perf_counter()))
             ids += gen.token_ids
             mask += [1] * len(gen.token_ids)
             logprobs += gen.logprobs
@@ -71,7 +89,9 @@ class Agent:
                 break
             if turn_index == cfg.max_turns - 1:
                 break  # no turn left to read the results: don't run the tools
+            t0 = time.perf_counter()
             turn.tool_results = await self.env.call_batch(calls)
+            self._spans["tools"].append((t0, time.perf_counter()))
             tool_messages = [{"role": "tool", "content": self._clip(r)} for r in turn.tool_results]
             obs = fmt.observation_ids(tool_messages)
             messages += tool_messages
@@ -109,3 +129,30 @@ def _assistant_message(content: str, calls: list) -> dict:
             for c in calls
         ]
     return message
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in spans)

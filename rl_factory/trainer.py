@@ -9,7 +9,6 @@ A run killed at any point resumes from its last checkpoint with `trainer.resume=
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -33,7 +32,7 @@ from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker
-from rl_factory.update import AlgorithmConfig, OptimConfig, update_policy
+from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
 from rewards.loader import load_reward, score_trajectories
 
 log = logging.getLogger("rl_factory")
@@ -81,12 +80,13 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
 
     async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env:
-        policy = load_policy(model_cfg, env.tools, seed=seed, log=log.info)
+        # Servers start here, not on entering: a task without tools starts none.
+        policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=optim_cfg.lr,
                                       weight_decay=optim_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / max(1, optim_cfg.warmup_steps)))
-        ref_model = _frozen_copy(policy.model) if alg.kl_coef > 0 else None
+        ref_model = load_reference(policy.model, alg)  # None unless the KL penalty is on
         step, history = 0, {}
         if resume_from is not None:
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
@@ -96,6 +96,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
 
         async def validate(at_step: int) -> dict[str, float]:
             metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
+            agent.timing(), _engine_metrics(agent.engine)  # validation time is not a training step's
             if t_cfg.save_rollouts:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
             return {f"val/{k}": v for k, v in metrics.items()}
@@ -129,8 +130,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 t3 = time.perf_counter()
                 # 6. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
-                           **env.metrics(), "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1,
-                           "timing/update_s": t3 - t2}
+                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine),
+                           "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/update_s": t3 - t2}
                 if t_cfg.save_rollouts:
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)
                 last = step == t_cfg.total_steps
@@ -150,17 +151,14 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     return run.finish(history, step)
 
 
+def _engine_metrics(engine) -> dict[str, float]:
+    return engine.metrics() if hasattr(engine, "metrics") else {}
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _frozen_copy(model):
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def _resume(path: Path, policy, optimizer, scheduler, sampler) -> tuple[int, dict]:

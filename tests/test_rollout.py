@@ -265,3 +265,32 @@ async def test_hf_engine_logprobs_match_a_teacher_forced_forward(tokenizer, tiny
         torch.testing.assert_close(torch.tensor(gen.logprobs), picked, atol=1e-4, rtol=0)
         if temperature == 0:
             assert gen.token_ids == full.argmax(-1).tolist()
+
+
+async def test_hf_engine_requests_join_a_running_batch(tokenizer, tiny_model):
+    """Continuous batching: requests that arrive while others decode join the running batch (their
+    caches merged, left-padded) instead of waiting; every row still matches a teacher-forced forward,
+    and rows with different temperatures share the batch."""
+    torch.manual_seed(1)
+    questions = ["What is 3 + 4?", "What is 347 * 29?", "Please compute 1234 + 5678 for me, thanks.", "Hi there"]
+    prompts = [encode(tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                               add_generation_prompt=True)) for q in questions]
+    engine = HFEngine(tiny_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      max_batch_size=8, batch_wait_s=0.0)
+    temps = [1.0, 0.0, 1.0, 0.0]
+
+    async def late(i: int, delay: float):
+        await asyncio.sleep(delay)
+        return await engine.generate(prompts[i], SamplingParams(temps[i], 1.0, 40))
+
+    try:
+        gens = await asyncio.gather(late(0, 0.0), late(1, 0.0), late(2, 0.02), late(3, 0.04))
+    finally:
+        await engine.close()
+    assert engine.stats["rows"] == 4 and engine.stats["batches"] >= 2
+    assert engine.max_rows >= 3  # a later row ran in the same forward as an earlier, unfinished one
+    for prompt, gen, temperature in zip(prompts, gens, temps):
+        full, picked = teacher_forced_logprobs(tiny_model, prompt, gen.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), picked, atol=1e-4, rtol=0)
+        if temperature == 0:
+            assert gen.token_ids == full.argmax(-1).tolist()
