@@ -1,6 +1,7 @@
 """Tools CLI: inspect and try a manifest's tools without a model.
 
     python -m envs list MANIFEST [--json]          each tool: server, name, description, schema
+                                                   (functions show as [functions])
     python -m envs call MANIFEST TOOL '{"a": 1}'   the result text
 
 Exit codes: 0 ok; 1 the tool returned an error (its text is still printed); 2 a bad manifest, a
@@ -25,14 +26,15 @@ class CLIError(Exception):
 
 async def list_tools(args: argparse.Namespace) -> int:
     async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir) as env:
+        tools = await env.list_tools()
         if args.json:
-            print(json.dumps(env.tools, indent=2, ensure_ascii=False))
+            print(json.dumps(tools, indent=2, ensure_ascii=False))
             return 0
-        for schema in env.tools:
+        for schema in tools:
             fn = schema["function"]
             print(f"[{env.server_of(fn['name'])}] {fn['name']}: {fn['description']}")
             print(f"    {json.dumps(fn['parameters'], ensure_ascii=False)}")
-        if not env.tools:
+        if not tools:
             print("(no tools)")
     return 0
 

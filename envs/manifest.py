@@ -7,9 +7,14 @@ A manifest (YAML or JSON) maps server names to how to reach them:
       search: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ${API_KEY}"}}
       legacy: {url: "http://127.0.0.1:9000/sse", transport: sse}
 
-Beyond the desktop shape we add `timeout_s` (per call), `max_concurrency` (in-flight calls per
-server) and `tools: {include, exclude}`. `transport` (or VS Code's `type`) picks SSE over the
-default streamable HTTP for a `url` server; `disabled: true` skips a server, as in Cline.
+Beyond the desktop shape we add, per server: `timeout_s` (per call), `max_concurrency` (in-flight
+calls), `tools: {include, exclude}`, `restart` (what happens when it crashes), `cache` (a TTL
+result cache for deterministic tools) and `prefix` (expose tools as `<server>__<tool>`). Next to
+`mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions).
+`transport` (or VS Code's `type`) picks SSE over the default streamable HTTP for a `url` server;
+`disabled: true` skips a server, as in Cline.
+
+Secrets: `env` and `headers` values are never printed; see envs.secrets for what counts as one.
 
 How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of our env):
   * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
@@ -39,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      field_validator, model_validator)
+
+from envs.secrets import Substitution, masked_mapping, redact, server_secrets
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +80,52 @@ class ToolFilter(BaseModel):
         return (self.include is None or name in self.include) and name not in self.exclude
 
 
+class RestartPolicy(BaseModel):
+    """What to do when a server dies: restart it on the next call, with backoff, or give up.
+
+    The first restart after a crash is immediate; each further crash without a successful call
+    in between waits `backoff_s`, then twice that, ... up to `max_backoff_s` (calls meanwhile fail
+    fast). After `max_restarts` consecutive restarts with no successful call (None: no limit;
+    0: `restart: never`) the server stays down and its calls return "crashed" errors.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    max_restarts: int | None = Field(default=None, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0)
+    max_backoff_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_word(cls, data: Any) -> Any:
+        # `restart: never | on_crash` (or a YAML boolean) for the two policies people ask for.
+        words = {"never": {"max_restarts": 0}, "on_crash": {}, False: {"max_restarts": 0}, True: {}}
+        if isinstance(data, str | bool):
+            if data not in words:
+                raise ValueError(f"expected 'never', 'on_crash' or a mapping, got {data!r}")
+            return words[data]
+        return data
+
+
+class CacheSpec(BaseModel):
+    """A TTL cache of successful results, keyed by tool and canonical JSON arguments.
+
+    Only for deterministic tools: a cached call is not sent to the server again. `tools` limits
+    it to some tools (the server's own names); None caches every tool of the server.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: float = Field(default=300.0, gt=0)
+    max_entries: int = Field(default=1024, ge=1)
+    tools: list[str] | None = None
+
+
+def _cache_shorthand(value: Any) -> Any:
+    # `cache: true` = the defaults; `cache: false` = no cache.
+    if value is True:
+        return {}
+    return None if value is False else value
+
+
 class ServerSpec(BaseModel):
     """One entry of `mcpServers`, validated; `transport` is always resolved after validation."""
 
@@ -87,7 +140,45 @@ class ServerSpec(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0)
     max_concurrency: int = Field(default=64, ge=1)
     tools: ToolFilter = Field(default_factory=ToolFilter)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    cache: CacheSpec | None = None
+    prefix: bool | str = False
     disabled: bool = False
+    _secrets: tuple[str, ...] = PrivateAttr(default=())
+
+    def redact(self, text: str) -> str:
+        """`text` with this server's secrets masked: use on anything printed or logged."""
+        return redact(text, self._secrets)
+
+    def tool_prefix(self, server_name: str) -> str:
+        """What goes before each tool name the model sees ('' unless `prefix` is set)."""
+        if self.prefix is False:
+            return ""
+        return f"{server_name if self.prefix is True else self.prefix}__"
+
+    def __repr_args__(self):
+        # Keys of env/headers say what is configured; their values may be credentials.
+        for key, value in super().__repr_args__():
+            if key in ("env", "headers"):
+                yield key, masked_mapping(value)
+            elif key in ("url", "args", "command"):
+                yield key, ([self.redact(v) for v in value] if isinstance(value, list)
+                            else self.redact(value) if isinstance(value, str) else value)
+            else:
+                yield key, value
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache_words(cls, value: Any) -> Any:
+        return _cache_shorthand(value)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_name(cls, value: bool | str) -> bool | str:
+        # The model writes `<prefix>__<tool>`: keep it to characters tool names may hold.
+        if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError(f"expected true, false or a name of letters, digits, '_' and '-', got {value!r}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -132,17 +223,58 @@ class ServerSpec(BaseModel):
         return self
 
 
+class FunctionSpec(BaseModel):
+    """One entry of `functions`: "pkg.module:fn" or "path/file.py:fn", optionally with knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    function: str
+    timeout_s: float = Field(default=30.0, gt=0)
+    max_concurrency: int = Field(default=64, ge=1)
+    cache: CacheSpec | None = None
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache_words(cls, value: Any) -> Any:
+        return _cache_shorthand(value)
+
+    def tool_prefix(self, source_name: str) -> str:
+        return ""  # a function's name is its tool name
+
+    def redact(self, text: str) -> str:
+        return text  # a function gets no credentials from the manifest
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"function": data} if isinstance(data, str) else data
+
+    @field_validator("function")
+    @classmethod
+    def _has_colon(cls, value: str) -> str:
+        target, _, name = value.rpartition(":")
+        if not target or not name.isidentifier():
+            raise ValueError(f"expected 'package.module:function' or 'path/file.py:function', got {value!r}")
+        return value
+
+
 class _ManifestModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mcpServers: dict[str, ServerSpec] | None = None
+    functions: list[FunctionSpec] = Field(default_factory=list)
 
 
 @dataclass
 class Manifest:
-    """The enabled servers of one manifest, in file order; `source` names it in error messages."""
+    """The enabled servers and the functions of one manifest, in file order.
+
+    `source` names it in error messages; `base_dir` is where relative function files are looked
+    up first (the manifest's directory; the cwd for a mapping).
+    """
 
     servers: dict[str, ServerSpec] = field(default_factory=dict)
+    functions: list[FunctionSpec] = field(default_factory=list)
     source: str = "<empty>"
+    base_dir: Path | None = None
 
 
 def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
@@ -161,20 +293,24 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
     if manifest is None:
         return Manifest()
     if isinstance(manifest, Mapping):
-        source, raw, repo = "<config>", dict(manifest), None
+        source, raw, repo, base_dir = "<config>", dict(manifest), None, None
     else:
         path = Path(manifest)
-        source, raw, repo = str(manifest), _read(path), _git_root(path)
-    raw = _interpolate(raw, source, "")
+        source, raw, repo, base_dir = str(manifest), _read(path), _git_root(path), path.resolve().parent
+    substitutions: list[Substitution] = []
+    raw = _interpolate(raw, source, (), substitutions)
     try:
         model = _ManifestModel.model_validate(raw)
     except ValidationError as err:
         raise ManifestError(f"{source}: {_describe(err)}") from None
     servers = {}
     for name, spec in (model.mcpServers or {}).items():
-        if not spec.disabled:
-            servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
-    return Manifest(servers=servers, source=source)
+        if spec.disabled:
+            continue
+        path = ("mcpServers", name)
+        spec._secrets = server_secrets(raw["mcpServers"][name], path, substitutions)
+        servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
+    return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir)
 
 
 def _read(path: Path) -> Any:
@@ -194,23 +330,24 @@ def _read(path: Path) -> Any:
     return data
 
 
-def _interpolate(value: Any, source: str, key_path: str) -> Any:
-    """Replace ${VAR}-style references in every string, recursively."""
+def _interpolate(value: Any, source: str, path: tuple, found: list[Substitution]) -> Any:
+    """Replace ${VAR}-style references in every string, recursively; record each in `found`."""
     if isinstance(value, dict):
-        return {k: _interpolate(v, source, f"{key_path}.{k}" if key_path else str(k))
-                for k, v in value.items()}
+        return {k: _interpolate(v, source, (*path, str(k)), found) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, source, f"{key_path}[{i}]") for i, v in enumerate(value)]
+        return [_interpolate(v, source, (*path, i), found) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
     def substitute(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
         if name in os.environ:
+            found.append(Substitution(path, name, os.environ[name]))
             return os.environ[name]
         if default is not None:
             return default
-        raise ManifestError(f"{source}: {key_path}: environment variable '{name}' is not set")
+        where = _join([f"[{p}]" if isinstance(p, int) else p for p in path])
+        raise ManifestError(f"{source}: {where}: environment variable '{name}' is not set")
 
     return _ENV_VAR.sub(substitute, value)
 
@@ -237,8 +374,12 @@ def _join(loc: list[str]) -> str:
 
 
 def _known_keys(parent_loc: list[str]) -> list[str]:
-    depth_models = {0: _ManifestModel, 2: ServerSpec, 3: ToolFilter}
-    model = depth_models.get(len(parent_loc))
+    """The valid keys at `parent_loc`, for "did you mean" hints."""
+    nested = {"tools": ToolFilter, "restart": RestartPolicy, "cache": CacheSpec}
+    shapes = {(): _ManifestModel, ("mcpServers", "*"): ServerSpec, ("functions", "*"): FunctionSpec}
+    shape = tuple(parent_loc[:1]) + tuple("*" for _ in parent_loc[1:2])
+    model = shapes.get(shape) if len(parent_loc) <= 2 else (
+        nested.get(parent_loc[2]) if len(parent_loc) == 3 else None)
     if model is None:
         return []
     return list(model.model_fields) + (["type"] if model is ServerSpec else [])
@@ -262,9 +403,10 @@ def _git_root(path: Path) -> Path | None:
 def describe_transport(spec: ServerSpec) -> str:
     """One human-readable line saying how a server is reached (for logs and the CLI)."""
     if spec.transport == "stdio":
-        return " ".join([spec.command or "", *spec.args])
-    return f"{spec.url} via {spec.transport}"
+        return spec.redact(" ".join([spec.command or "", *spec.args]))
+    return f"{spec.redact(spec.url or '')} via {spec.transport}"
 
 
-__all__ = ["Manifest", "ManifestError", "ServerSpec", "ToolFilter", "load_manifest",
+__all__ = ["CacheSpec", "FunctionSpec", "Manifest", "ManifestError", "RestartPolicy", "ServerSpec",
+           "ToolFilter", "load_manifest",
            "describe_transport", "PROJECT_ROOT"]

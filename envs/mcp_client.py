@@ -8,10 +8,16 @@ one session serves many in-flight calls (bounded here by `max_concurrency`).
 
 Failures never escape as transport exceptions: `call_tool` raises `ToolCallError(kind, message)`
 with kind "timeout", "server_error" or "crashed", which the tool env turns into a tool message.
-A crashed server fails fast: the calls in flight and the next one return "crashed"; the call
-after that restarts the server, with exponential backoff between restarts (first restart at
-once, then 1 s, 2 s, ... up to 30 s; reset by a successful call). Calls are never retried,
+A crashed server fails fast: the calls in flight return "crashed" at once (so does the next
+call if the server died while idle: that is when we learn of it); the call after that restarts
+the server as its `restart` policy says (manifest.RestartPolicy: first
+restart at once, then `backoff_s`, doubling up to `max_backoff_s`, all reset by a successful
+call; at most `max_restarts` in a row; `restart: never` leaves it down). Calls are never retried,
 since a tool may have side effects.
+
+Whatever a server writes to stdout that is not JSON-RPC (a stray print, a banner, bytes that are
+not UTF-8) is logged by the SDK and skipped: we decode with errors="replace", so bad bytes cannot
+kill the reader. Messages we print or log pass through `spec.redact` (no secrets).
 
 A stdio server's stderr goes to `<log_dir>/<server>.log`, or to an anonymous temporary file when
 no log dir is given; either way its tail is quoted when the server fails to start.
@@ -28,10 +34,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import httpx2
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.types import CallToolResult, PaginatedRequestParams, Tool
 
 from envs.manifest import ServerSpec, describe_transport
@@ -40,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60.0  # spawn + initialize + list_tools; a python server takes about 1 s
 STOP_TIMEOUT_S = 10.0  # the SDK's stdio shutdown is bounded by ~6 s (close stdin, TERM, KILL)
-MAX_RESTART_DELAY_S = 30.0
 STDERR_TAIL_CHARS = 1500
 # JSON-RPC codes the SDK raises on the client side (mcp_types.CONNECTION_CLOSED / REQUEST_TIMEOUT).
 CONNECTION_CLOSED, REQUEST_TIMEOUT = -32000, -32001
@@ -70,6 +76,7 @@ class MCPServerConnection:
 
     def __init__(self, name: str, spec: ServerSpec, log_dir: str | os.PathLike | None = None):
         self.name = name
+        self.label = f"'{name}'"  # how errors that name a tool's source name this server
         self.spec = spec
         self.tools: list[Tool] = []
         self._log_dir = Path(log_dir) if log_dir is not None else None
@@ -83,6 +90,7 @@ class MCPServerConnection:
         self._crash_reason: str | None = None  # short, model-readable; None while healthy
         self._start_cause = ""
         self._restart_delay_s = 0.0
+        self._restarts_in_a_row = 0
         self._next_restart_at = 0.0
         self._closed = False
 
@@ -196,8 +204,9 @@ class MCPServerConnection:
                 if kind == "timeout":
                     raise ToolCallError(kind, f"tool '{name}' timed out after "
                                               f"{self.spec.timeout_s:g}s") from None
-                raise ToolCallError(kind, f"tool '{name}' failed: {_root_cause(exc)}") from None
-        self._restart_delay_s = 0.0
+                raise ToolCallError(kind, f"tool '{name}' failed: "
+                                          f"{self.spec.redact(_root_cause(exc))}") from None
+        self._restart_delay_s, self._restarts_in_a_row = 0.0, 0
         if not isinstance(result, CallToolResult):
             raise ToolCallError("server_error", f"tool '{name}' returned {type(result).__name__}")
         return result
@@ -210,21 +219,28 @@ class MCPServerConnection:
         async with self._restart_lock:  # one restart, however many calls notice the crash
             if self._session is not None and self._crash_reason is None:
                 return self._session, self._generation
+            policy = self.spec.restart
+            if policy.max_restarts is not None and self._restarts_in_a_row >= policy.max_restarts:
+                why = ("restart: never" if policy.max_restarts == 0
+                       else f"gave up after {policy.max_restarts} restarts in a row")
+                raise ToolCallError("crashed", self._crashed_message(f"; not restarted ({why})"))
             wait_s = self._next_restart_at - asyncio.get_running_loop().time()
             if wait_s > 0:
-                raise ToolCallError("crashed", self._crashed_message(f"; restarting in {wait_s:.0f}s"))
+                raise ToolCallError("crashed", self._crashed_message(f"; restarting in {wait_s:.1f}s"))
             await self._restart()
             return self._session, self._generation
 
     async def _restart(self) -> None:
         reason = self._crash_reason
         logger.warning("restarting MCP server %r after: %s", self.name, reason)
-        self._restart_delay_s = min(max(1.0, 2 * self._restart_delay_s), MAX_RESTART_DELAY_S)
+        policy = self.spec.restart
+        self._restart_delay_s = min(max(policy.backoff_s, 2 * self._restart_delay_s), policy.max_backoff_s)
+        self._restarts_in_a_row += 1
         await self._stop_owner()
         try:
             await self._start_owner()
         except ServerStartError as err:
-            logger.warning("restart of MCP server %r failed: %s", self.name, err)
+            logger.warning("restart of MCP server %r failed: %s", self.name, err)  # err is redacted
             self._crash_reason = f"restart failed: {self._start_cause}"
             self._next_restart_at = asyncio.get_running_loop().time() + self._restart_delay_s
             raise ToolCallError("crashed", self._crashed_message()) from None
@@ -232,10 +248,10 @@ class MCPServerConnection:
     def _mark_crashed(self, generation: int, reason: str) -> None:
         if generation != self._generation or self._crash_reason is not None:
             return
-        self._crash_reason = reason
+        self._crash_reason = self.spec.redact(reason)
         self._next_restart_at = asyncio.get_running_loop().time() + self._restart_delay_s
         tail = self._stderr_tail(last_line=True)
-        logger.warning("MCP server %r crashed: %s%s", self.name, reason,
+        logger.warning("MCP server %r crashed: %s%s", self.name, self._crash_reason,
                        f" | last stderr line: {tail}" if tail else "")
 
     def _crashed_message(self, suffix: str = "") -> str:
@@ -248,7 +264,7 @@ class MCPServerConnection:
             self._start_cause = str(_leaf(exc))
             return self._start_cause
         cause = (f"no answer to initialize within {STARTUP_TIMEOUT_S:g}s" if _is_timeout(exc)
-                 else _root_cause(exc))
+                 else self.spec.redact(_root_cause(exc)))
         self._start_cause = cause
         tail = self._stderr_tail()
         return (f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: "
@@ -261,7 +277,7 @@ class MCPServerConnection:
         fd = self._errlog.fileno()
         size = os.fstat(fd).st_size
         text = os.pread(fd, STDERR_TAIL_CHARS, max(0, size - STDERR_TAIL_CHARS))
-        lines = text.decode("utf-8", "replace").strip().splitlines()
+        lines = self.spec.redact(text.decode("utf-8", "replace")).strip().splitlines()
         return (lines[-1] if last_line else "\n".join(lines)) if lines else ""
 
 
@@ -270,14 +286,21 @@ class MCPServerConnection:
 
 def _stdio(conn: MCPServerConnection) -> AbstractAsyncContextManager:
     spec = conn.spec
-    params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
+    params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd,
+                                   encoding_error_handler="replace")
     return stdio_client(params, errlog=conn._errlog)
 
 
 @asynccontextmanager
 async def _streamable_http(conn: MCPServerConnection) -> AsyncIterator[Any]:
-    # In SDK 2.x headers live on the httpx2 client, which we then own and must close.
-    async with (create_mcp_http_client(headers=conn.spec.headers or None) as client,
+    # In SDK 2.x headers live on the httpx2 client, which we then own and must close. Each
+    # in-flight call holds its own connection (a POST answered by an SSE stream), so keep as
+    # many alive as calls may be in flight: httpx's default of 20 reconnected per call past
+    # 20 in flight (5x slower; benchmarks/README.md). `max_concurrency` bounds the total.
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=conn.spec.max_concurrency)
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)  # the SDK's
+    async with (httpx2.AsyncClient(headers=conn.spec.headers or None, timeout=timeout,
+                                   limits=limits) as client,
                 streamable_http_client(conn.spec.url, http_client=client) as streams):
         yield streams
 

@@ -9,6 +9,13 @@ errors on the server or hits a crashed server becomes a short `Error: ...` resul
 Arguments are checked against the tool's JSON Schema (`jsonschema`) before anything is sent, so
 the model gets the validator's plain message rather than a server-specific one, and bad calls
 cost no round trip.
+
+Tools come from MCP servers and from plain Python functions (envs.functions); both sit behind
+the same interface (`start`, `stop`, `tools`, `call_tool`), so routing, validation, caching,
+errors and metrics are one code path. Servers start lazily: entering `async with` starts
+nothing; the first `list_tools()` or call starts them all, once, however many tasks ask at the
+same moment. A server with `prefix` shows its tools as `<prefix>__<tool>`; calls are routed back
+to the server's own name.
 """
 from __future__ import annotations
 
@@ -19,12 +26,15 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import jsonschema
 from jsonschema.exceptions import best_match
 from mcp.types import CallToolResult, Tool
 
+from envs.cache import ResultCache
+from envs.functions import load_function_tools
 from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
 from rl_factory.types import ToolCall, ToolResult
@@ -46,15 +56,42 @@ CONTENT_RENDERERS: dict[str, Callable[[Any], str]] = {
 }
 
 
-class ToolEnv:
-    """The tools of all servers of one manifest; use as `async with ToolEnv.from_manifest(p) as env`."""
+class ToolSource(Protocol):
+    """What serves tools: an MCP server connection or a Python function (envs.functions)."""
 
-    def __init__(self, connections: Sequence[MCPServerConnection] = ()):
-        self._connections = list(connections)
-        self._routes: dict[str, tuple[MCPServerConnection, Tool]] = {}
-        self._validators: dict[str, Any] = {}
+    name: str  # the `server` of its results
+    label: str  # how errors name it: "'search'" or "function 'tools.py:add'"
+    spec: Any  # ServerSpec | FunctionSpec: `cache`, `tool_prefix(name)`, `redact(text)`
+    tools: list[Tool]
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult: ...
+
+
+@dataclass
+class Route:
+    """Where a model-visible tool name goes: its source, the source's own name, its checks."""
+
+    source: ToolSource
+    tool: Tool
+    validator: Any
+    cache: ResultCache | None
+
+
+class ToolEnv:
+    """The tools of one manifest; use as `async with ToolEnv.from_manifest(p) as env`.
+
+    Entering starts no server; `await env.list_tools()` (or the first call) does.
+    """
+
+    def __init__(self, sources: Sequence[ToolSource] = ()):
+        self._sources = list(sources)
+        self._routes: dict[str, Route] = {}
         self._schemas: list[dict[str, Any]] = []
         self._started = False
+        self._open = False
+        self._start_lock: asyncio.Lock | None = None
         self.reset_metrics()
 
     @classmethod
@@ -68,10 +105,12 @@ class ToolEnv:
                 in anonymous temporary files.
 
         Raises:
-            ManifestError: the manifest is missing or invalid.
+            ManifestError: the manifest is missing or invalid, or a listed function cannot be
+                imported.
         """
         spec = load_manifest(manifest)
-        return cls([MCPServerConnection(name, s, log_dir) for name, s in spec.servers.items()])
+        servers = [MCPServerConnection(name, s, log_dir) for name, s in spec.servers.items()]
+        return cls([*servers, *load_function_tools(spec)])
 
     @classmethod
     def empty(cls) -> ToolEnv:
@@ -81,17 +120,42 @@ class ToolEnv:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> ToolEnv:
-        await self.start()
+        self._open = True  # lazy: servers start on the first list_tools() or call
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def start(self) -> None:
-        """Start every server concurrently; on any failure stop them all and raise ToolEnvError."""
+        """Start every source now rather than on first use; raises ToolEnvError on failure."""
+        self._open = True
+        await self._ensure_started()
+
+    async def stop(self) -> None:
+        """Stop every server concurrently (stdio children exit); safe to call twice."""
+        self._started = self._open = False
+        await asyncio.gather(*(s.stop() for s in self._sources), return_exceptions=True)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Start the servers if needed (once) and return `tools`."""
+        await self._ensure_started()
+        return self.tools
+
+    async def _ensure_started(self) -> None:
+        if self._started or not self._sources:
+            return
+        if not self._open:
+            raise RuntimeError("ToolEnv is not open: use `async with ToolEnv.from_manifest(...) as env`")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:  # concurrent first calls: one start, the rest wait for it
+            if not self._started:
+                await self._start_all()
+
+    async def _start_all(self) -> None:
+        """Start every source concurrently; on any failure stop them all and raise ToolEnvError."""
         try:
-            results = await asyncio.gather(*(c.start() for c in self._connections),
-                                           return_exceptions=True)
+            results = await asyncio.gather(*(s.start() for s in self._sources), return_exceptions=True)
         except asyncio.CancelledError:
             await self.stop()  # servers that did start must not outlive an abandoned start
             raise
@@ -104,26 +168,26 @@ class ToolEnv:
             raise ToolEnvError("; ".join(str(e) for e in errors))
         self._started = True
 
-    async def stop(self) -> None:
-        """Stop every server concurrently (stdio children exit); safe to call twice."""
-        self._started = False
-        await asyncio.gather(*(c.stop() for c in self._connections), return_exceptions=True)
-
     def _index(self) -> list[str]:
-        """Route tool names to servers and compile their validators; returns duplicate errors."""
-        self._routes, self._validators, self._schemas, errors = {}, {}, [], []
-        for conn in self._connections:
-            for tool in conn.tools:
-                if tool.name in self._routes:
-                    other = self._routes[tool.name][0].name
-                    errors.append(f"tool '{tool.name}' is served by both '{other}' and '{conn.name}'; "
-                                  f"hide it on one with tools.exclude")
+        """Route tool names to sources and compile their validators; returns setup errors."""
+        self._routes, self._schemas, errors = {}, [], []
+        for source in self._sources:
+            cache = ResultCache(source.spec.cache) if source.spec.cache is not None else None
+            prefix = source.spec.tool_prefix(source.name)
+            names = {t.name for t in source.tools}
+            unknown = [n for n in (cache.spec.tools or []) if n not in names] if cache is not None else []
+            if unknown:
+                errors.append(f"{source.label}: cache.tools names {unknown}, which it does not serve")
+            for tool in source.tools:
+                name = prefix + tool.name
+                if name in self._routes:
+                    errors.append(f"tool '{name}' is served by both {self._routes[name].source.label} and "
+                                  f"{source.label}; hide it on one with tools.exclude, or set prefix: true")
                     continue
-                self._routes[tool.name] = (conn, tool)
-                self._validators[tool.name] = _compile_validator(conn.name, tool)
+                use_cache = cache if cache is not None and cache.applies_to(tool.name) else None
+                self._routes[name] = Route(source, tool, _compile_validator(source.name, tool), use_cache)
                 self._schemas.append({"type": "function", "function": {
-                    "name": tool.name, "description": tool.description or "",
-                    "parameters": tool.input_schema}})
+                    "name": name, "description": tool.description or "", "parameters": tool.input_schema}})
         return errors
 
     # ---- what the rollout uses -----------------------------------------------------------------
@@ -131,25 +195,33 @@ class ToolEnv:
     @property
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI-shape schemas `{"type": "function", "function": {name, description, parameters}}`,
-        `parameters` being the server's `input_schema` unchanged; ready for `apply_chat_template`."""
+        `parameters` being the server's `input_schema` unchanged; ready for `apply_chat_template`.
+        Known once the servers have started: `await env.list_tools()` first."""
+        if self._sources and not self._started:
+            raise RuntimeError("ToolEnv.tools is not known before the servers start: "
+                               "use `await env.list_tools()`")
         return list(self._schemas)
 
     @property
     def tool_names(self) -> list[str]:
-        return list(self._routes)
+        return [s["function"]["name"] for s in self.tools]
 
     def server_of(self, tool_name: str) -> str | None:
         route = self._routes.get(tool_name)
-        return route[0].name if route else None
+        return route.source.name if route else None
 
     async def call_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Run all calls concurrently (each server bounds its own in-flight calls); results in order."""
         return list(await asyncio.gather(*(self.call(c) for c in calls)))
 
     async def call(self, call: ToolCall) -> ToolResult:
-        """Run one call; every failure comes back as a ToolResult with `error_kind` set."""
-        if self._connections and not self._started:
-            raise RuntimeError("ToolEnv is not started: use `async with ToolEnv.from_manifest(...) as env`")
+        """Run one call; every failure comes back as a ToolResult with `error_kind` set.
+
+        Raises:
+            ToolEnvError: this is the first call and a server cannot start (a setup error,
+                not the model's).
+        """
+        await self._ensure_started()
         result = await self._call(call)
         self._record(result)
         return result
@@ -160,22 +232,32 @@ class ToolEnv:
         route = self._routes.get(call.name)
         if route is None:
             return _failure(call, "unknown_tool", self._unknown_tool_message(call.name))
-        conn, _ = route
         arguments = call.arguments if call.arguments is not None else {}
-        problem = self._argument_problem(call.name, arguments)
+        problem = _argument_problem(call.name, route.validator, arguments)
         if problem:
-            return _failure(call, "bad_arguments", problem, server=conn.name)
+            return _failure(call, "bad_arguments", problem, server=route.source.name)
+        if route.cache is None:
+            return await self._dispatch(call, route, arguments)
+        key = ResultCache.key(route.tool.name, arguments)
+        outcome = await route.cache.run(key, lambda: self._dispatch(call, route, arguments))
+        if isinstance(outcome, str):  # a hit: the text of an earlier successful call
+            return ToolResult(call=call, text=outcome, server=route.source.name, cached=True)
+        return outcome
+
+    async def _dispatch(self, call: ToolCall, route: Route, arguments: dict[str, Any]) -> ToolResult:
+        source = route.source
         start = time.perf_counter()
         try:
-            result = await conn.call_tool(call.name, arguments)
+            result = await source.call_tool(route.tool.name, arguments)
         except ToolCallError as err:
-            return _failure(call, err.kind, str(err), conn.name, time.perf_counter() - start)
+            return _failure(call, err.kind, str(err), source.name, time.perf_counter() - start)
         latency = time.perf_counter() - start
         text = render_result(result)
         if result.is_error:
+            text = source.spec.redact(text)  # a server may echo its credentials in an error
             return _failure(call, "server_error", text or f"tool '{call.name}' reported an error",
-                            conn.name, latency)
-        return ToolResult(call=call, text=text, server=conn.name, latency_s=latency)
+                            source.name, latency)
+        return ToolResult(call=call, text=text, server=source.name, latency_s=latency)
 
     def _unknown_tool_message(self, name: str) -> str:
         if not self._routes:
@@ -183,16 +265,6 @@ class ToolEnv:
         names = list(self._routes)
         listed = ", ".join(names[:MAX_LISTED_TOOLS]) + (", ..." if len(names) > MAX_LISTED_TOOLS else "")
         return f"unknown tool '{name}'; available tools: {listed}"
-
-    def _argument_problem(self, name: str, arguments: Any) -> str | None:
-        validator = self._validators.get(name)
-        if not isinstance(arguments, dict):
-            return f"arguments for '{name}' must be a JSON object, got {type(arguments).__name__}"
-        error = best_match(validator.iter_errors(arguments)) if validator else None
-        if error is None:
-            return None
-        where = "/".join(str(p) for p in error.absolute_path)
-        return f"invalid arguments for '{name}'" + (f" at '{where}'" if where else "") + f": {error.message}"
 
     # ---- metrics -------------------------------------------------------------------------------
 
@@ -206,6 +278,7 @@ class ToolEnv:
 
         Keys: `tool/calls`, `tool/success_rate`, `tool/errors/<kind>`, `tool/<name>/calls`,
         `tool/<name>/errors/<kind>` (names no server serves are pooled as `_invalid`),
+        `tool/cache_hits` and `tool/<name>/cache_hits` (when a cache answered),
         `tool/latency_s/mean` and `/max` over calls that reached a server.
         """
         out = {k: float(v) for k, v in self._counts.items() if k != "tool/successes"}
@@ -226,7 +299,10 @@ class ToolEnv:
         else:
             self._counts[f"tool/errors/{result.error_kind}"] += 1
             self._counts[f"tool/{name}/errors/{result.error_kind}"] += 1
-        if result.error_kind not in LOCAL_ERROR_KINDS:
+        if result.cached:
+            self._counts["tool/cache_hits"] += 1
+            self._counts[f"tool/{name}/cache_hits"] += 1
+        elif result.error_kind not in LOCAL_ERROR_KINDS:
             self._latency_sum += result.latency_s
             self._latency_n += 1
             self._latency_max = max(self._latency_max, result.latency_s)
@@ -247,6 +323,16 @@ def _failure(call: ToolCall, kind: str, message: str, server: str | None = None,
     # Servers often say "Error executing tool ..." already; don't stutter "Error: Error ...".
     text = message if message.lower().startswith("error") else f"Error: {message}"
     return ToolResult(call=call, text=text, error_kind=kind, server=server, latency_s=latency_s)
+
+
+def _argument_problem(name: str, validator: Any, arguments: Any) -> str | None:
+    if not isinstance(arguments, dict):
+        return f"arguments for '{name}' must be a JSON object, got {type(arguments).__name__}"
+    error = best_match(validator.iter_errors(arguments)) if validator else None
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"invalid arguments for '{name}'" + (f" at '{where}'" if where else "") + f": {error.message}"
 
 
 def _compile_validator(server: str, tool: Tool) -> Any:

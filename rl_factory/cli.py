@@ -17,13 +17,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = ()
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from envs.manifest import ManifestError
+    from envs.mcp_client import ToolEnvError
     from rewards.loader import RewardError, RewardLoadError
     from rl_factory.config import ConfigError
     from rl_factory.data import DatasetError
     from rl_factory.tracking import TrackingError
 
-    return (ConfigError, ManifestError, DatasetError, RewardLoadError, RewardError, TrackingError,
-            FileNotFoundError, ValueError, KeyError)
+    # ToolEnvError: a server that does not start (a wrong command, an unreachable URL).
+    return (ConfigError, ManifestError, ToolEnvError, DatasetError, RewardLoadError, RewardError,
+            TrackingError, FileNotFoundError, ValueError, KeyError)
 
 
 def _backend_train(cfg):

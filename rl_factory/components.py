@@ -6,6 +6,7 @@ checkpoint exactly as validation during training did.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ class DataConfig:
 class EnvConfig:
     """`env.*`: the tools and the turn structure."""
 
-    tools: str | None = None
+    tools: Any = None  # a manifest path, an inline manifest mapping, or None
     max_turns: int = 3
     parser: str = "hermes"
 
@@ -57,9 +58,14 @@ class SamplingConfig(RolloutConfig):
 
 
 def open_env(cfg: EnvConfig, log_dir: Path | None = None):
-    """The tool env of the manifest (an async context manager), or an empty one without tools."""
+    """The tool env of the manifest (an async context manager), or an empty one without tools.
+
+    `env.tools` is a manifest path, or the manifest itself inline (a mapping with `mcpServers`).
+    """
     if not cfg.tools:
         return ToolEnv.empty()
+    if isinstance(cfg.tools, Mapping):
+        return ToolEnv.from_manifest(dict(cfg.tools), log_dir=log_dir)
     if not Path(cfg.tools).exists():
         from envs.manifest import ManifestError
         raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools}")
@@ -72,7 +78,9 @@ def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig) ->
                       autocast=policy.autocast)
     loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
     loop_cfg.max_turns = env_cfg.max_turns
-    return Agent(engine, env, ChatFormat(policy.tokenizer, env.tools), get_parser(env_cfg.parser), loop_cfg)
+    # env.tools is known here: the caller has awaited env.list_tools() (which starts the servers).
+    parser = get_parser(env_cfg.parser, tools=env.tools)  # qwen3_xml coerces values by the schemas
+    return Agent(engine, env, ChatFormat(policy.tokenizer, env.tools), parser, loop_cfg)
 
 
 def load_rows(files: Any, cfg: DataConfig, limit: int | None = None) -> list[dict]:

@@ -54,7 +54,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     out = _output_dir(e, model_cfg.path)
     async with open_env(env_cfg, log_dir=out / "tool_logs") as env:
-        policy = load_policy(model_cfg, env.tools, seed=int(cfg.seed), log=log.info)
+        policy = load_policy(model_cfg, await env.list_tools(), seed=int(cfg.seed), log=log.info)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
         async with closing_engine(agent):
             params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_factory.chat import ChatFormat
+from rl_factory.context import get_context_policy
 from rl_factory.engines.base import Engine, SamplingParams
 from rl_factory.types import Group, ToolResult, Trajectory, Turn
 
@@ -34,6 +35,11 @@ class RolloutConfig:
     max_response_tokens: int = 64
     max_total_tokens: int = 512
     max_tool_response_tokens: int = 128
+    # `append` (one token sequence per trajectory) or `step` (each turn its own sample; rl_factory/context.py)
+    context: str = "append"
+    # For `step`: how the history is cut before each turn, and how many turns it keeps
+    context_processor: str = "last_turns"
+    context_keep_turns: int = 2
 
 
 class Agent:
@@ -61,21 +67,20 @@ class Agent:
         """Run one trajectory of `sample` (a dataset row with normalized `messages`)."""
         cfg, fmt = self.cfg, self.fmt
         messages = [dict(m) for m in sample["messages"]]
-        prompt_ids = fmt.prompt_ids(messages)
-        ids, mask, logprobs = list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids)
+        ctx = get_context_policy(cfg.context)(fmt, messages, cfg.max_total_tokens,
+                                              processor=cfg.context_processor, keep_turns=cfg.context_keep_turns)
         turns: list[Turn] = []
         stop_reason = "max_turns"
         for turn_index in range(cfg.max_turns):
-            budget = min(cfg.max_response_tokens, cfg.max_total_tokens - len(ids))
+            prompt = ctx.next_prompt(messages if turn_index else [])
+            budget = min(cfg.max_response_tokens, ctx.budget())
             if budget <= 0:
                 stop_reason = "max_tokens"
                 break
             t0 = time.perf_counter()
-            gen = await self.engine.generate(ids, SamplingParams(params.temperature, params.top_p, budget))
+            gen = await self.engine.generate(prompt, SamplingParams(params.temperature, params.top_p, budget))
             self._spans["generate"].append((t0, time.perf_counter()))
-            ids += gen.token_ids
-            mask += [1] * len(gen.token_ids)
-            logprobs += gen.logprobs
+            ctx.add_generation(gen)
             text = fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             content, calls = self.parser.parse(text)
             turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls)
@@ -93,18 +98,15 @@ class Agent:
             turn.tool_results = await self.env.call_batch(calls)
             self._spans["tools"].append((t0, time.perf_counter()))
             tool_messages = [{"role": "tool", "content": self._clip(r)} for r in turn.tool_results]
-            obs = fmt.observation_ids(tool_messages)
             messages += tool_messages
-            if len(ids) + len(obs) >= cfg.max_total_tokens:
+            obs = ctx.add_observation(tool_messages)
+            if obs is None:
                 stop_reason = "max_tokens"
                 break
             turn.observation_ids = obs
-            ids += obs
-            mask += [0] * len(obs)
-            logprobs += [0.0] * len(obs)
-        return Trajectory(sample_index=sample_index, prompt_ids=prompt_ids, token_ids=ids, loss_mask=mask,
-                          logprobs=logprobs, messages=messages, turns=turns, stop_reason=stop_reason,
-                          sample=sample)
+        return Trajectory(sample_index=sample_index, prompt_ids=ctx.prompt_ids, token_ids=ctx.ids,
+                          loss_mask=ctx.mask, logprobs=ctx.logprobs, messages=messages, turns=turns,
+                          stop_reason=stop_reason, sample=sample, steps=ctx.steps)
 
     async def rollout_groups(self, samples: list[dict], indices: list[int], n: int,
                              params: SamplingParams) -> list[Group]:

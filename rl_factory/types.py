@@ -30,6 +30,7 @@ class ToolResult:
 
     `error_kind` is None on success, else one of: "parse", "unknown_tool", "bad_arguments",
     "timeout", "server_error", "crashed". Failures are observations, never exceptions.
+    `cached` is True when a tool's result cache answered (no call was made; latency 0).
     """
 
     call: ToolCall
@@ -37,6 +38,7 @@ class ToolResult:
     error_kind: str | None = None
     server: str | None = None
     latency_s: float = 0.0
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
@@ -53,6 +55,20 @@ class Turn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     observation_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One training sample of the `step` context policy: one turn with the prompt it was given.
+
+    `token_ids` = that turn's prompt ids (loss_mask 0) + the ids the engine generated (loss_mask 1).
+    The trajectory's advantage applies to every one of its steps.
+    """
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    advantage: float | None = None
 
 
 @dataclass
@@ -76,6 +92,15 @@ class Trajectory:
     reward: float | None = None
     reward_info: dict[str, Any] = field(default_factory=dict)
     advantage: float | None = None
+    steps: list[Step] = field(default_factory=list)  # only with the `step` context policy
+
+    def training_samples(self) -> list[Trajectory | Step]:
+        """What the update trains on: the whole sequence, or (step policy) each turn's sample."""
+        if not self.steps:
+            return [self]
+        for step in self.steps:
+            step.advantage = self.advantage
+        return list(self.steps)
 
     @property
     def completion(self) -> str:
@@ -92,7 +117,7 @@ class Trajectory:
 
     @property
     def num_generated_tokens(self) -> int:
-        return sum(self.loss_mask)
+        return sum(sum(s.loss_mask) for s in self.training_samples())
 
 
 @dataclass

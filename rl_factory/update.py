@@ -3,16 +3,20 @@
 Trajectories whose advantage is exactly 0 (a GRPO group where every rollout got the same reward)
 contribute no policy gradient, so they are skipped unless a KL penalty needs them: on CPU this
 often halves the cost of an update without changing it.
+
+The KL penalty to the frozen reference (only built when `kl_coef > 0`) is aggregated with the same
+`loss_agg` mode as the policy loss, as verl's `agg_loss` does.
 """
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rl_factory.algorithms.losses import get_policy_loss, kl_penalty, masked_mean
+from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.types import Trajectory
 
 
@@ -63,10 +67,23 @@ def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def load_reference(model, alg: AlgorithmConfig):
+    """A frozen copy of `model` for the KL penalty, or None (nothing copied) when `alg.kl_coef` is 0."""
+    if alg.kl_coef <= 0:
+        return None
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
                   optim: OptimConfig, ref_model=None, seed: int = 0) -> dict[str, float]:
     """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics."""
-    train = [t for t in trajs if t.advantage != 0.0 or alg.kl_coef > 0]
+    if alg.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
+    # One sample per trajectory, or one per turn with the `step` context policy.
+    train = [s for t in trajs if t.advantage != 0.0 or alg.kl_coef > 0 for s in t.training_samples()]
     if not train:
         return {"actor/trained_fraction": 0.0}
     loss_fn = get_policy_loss(alg.policy_loss)
@@ -92,7 +109,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 if ref_model is not None and alg.kl_coef > 0:
                     with torch.no_grad():
                         ref = policy.sequence_logprobs(b["input_ids"], b["attention_mask"], model=ref_model)
-                    kl = masked_mean(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"])
+                    kl = aggregate_loss(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"], alg.loss_agg)
                     loss = loss + alg.kl_coef * kl
                     stats["kl"] = float(kl.detach())
                 # Weight each micro-batch by its share of the mini-batch so accumulation gives the
@@ -108,6 +125,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
             scheduler.step()
     policy.model.eval()
     metrics = {f"actor/{k}": sum(v) / len(v) for k, v in totals.items()}
-    metrics["actor/trained_fraction"] = len(train) / len(trajs)
+    metrics["actor/trained_fraction"] = sum(t.advantage != 0.0 or alg.kl_coef > 0 for t in trajs) / len(trajs)
+    metrics["actor/samples"] = len(train)
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     return metrics

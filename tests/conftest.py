@@ -39,7 +39,7 @@ async def _calculator_tools() -> list[dict]:
     from envs import ToolEnv
 
     async with ToolEnv.from_manifest(CALCULATOR_MANIFEST) as env:
-        return env.tools
+        return await env.list_tools()
 
 
 @pytest.fixture(scope="session")

@@ -31,13 +31,16 @@ NAME_GUESS = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
 class HermesParser:
     """`parse(text) -> (content, calls)`; content is the text with every call block removed."""
 
+    def __init__(self, tools: list[dict] | None = None):
+        pass  # JSON arguments carry their own types
+
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         calls = []
         for match in TOOL_CALL.finditer(text):
             closed = match.group(1) is not None
-            body = match.group(1) if closed else _strip_end_markers(match.group(2))
+            body = match.group(1) if closed else strip_end_markers(match.group(2))
             calls.append(_to_call(body, raw=match.group(0)))
-        content = _strip_end_markers(TOOL_CALL.sub("", text)).strip()
+        content = strip_end_markers(TOOL_CALL.sub("", text)).strip()
         return content, calls
 
 
@@ -77,7 +80,7 @@ def _guess_name(body: str) -> str:
     return match.group(1) if match else ""
 
 
-def _strip_end_markers(text: str) -> str:
+def strip_end_markers(text: str) -> str:
     text = text.rstrip()
     for marker in END_MARKERS:
         text = text.removesuffix(marker).rstrip()

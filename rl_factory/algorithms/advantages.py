@@ -1,26 +1,39 @@
-"""Outcome-reward advantage estimators, one pure function each, behind the `ADVANTAGES` registry.
+"""Advantage estimators, one pure function each, behind the `ADVANTAGES` registry.
 
-Every estimator has the same signature, so the trainer resolves a name once and calls it:
+Every estimator takes the same input, so the trainer resolves a name once and calls it at one site:
 
-    fn(rewards: Tensor[N] float64, group_index: Tensor[N] long, **options) -> Tensor[N]
+    fn(inputs: AdvantageInputs, **options) -> Tensor[N] (outcome estimators) or Tensor[N, T] (token level)
 
-`group_index` numbers the groups 0..G-1 (trajectories of one prompt share a group). The
-advantage of a trajectory is broadcast to all its generated tokens by the loss, which is why
-estimators return one value per trajectory. Add one with `@register_advantage("name")`.
+`AdvantageInputs` carries rewards [N] and group indices [N] (0..G-1; trajectories of one prompt share a
+group) and, for the estimators that need them, token-level rewards / values / response mask [N, T] and
+tournament scores [N]. An estimator declares what it needs when it registers
+(`@register_advantage("gae", requires=("values", "response_mask"))`); a missing input is a clear error,
+and the trainer checks up front whether it can provide them. Outcome estimators return one value per
+trajectory, which the loss broadcasts to the trajectory's generated tokens.
 
-GRPO (Shao et al., 2024, DeepSeekMath) departures, each chosen to match verl where verl has an
-opinion and to be safe where it does not:
-- std is the *unbiased* (n-1) sample std, as `torch.std` in verl's
-  `compute_grpo_outcome_advantage`; the paper does not specify. With n=2 and rewards {0, 1}
-  this gives +-0.707 instead of +-1.
-- a group of size 1 gets advantage 0 (it has no baseline to compare against); verl instead
-  sets mean 0, std 1 there, so a lone trajectory's advantage equals its raw reward.
-- `epsilon` is added to the std (not the variance), so a zero-variance group gets exactly 0.
-- `norm_by_std=False` gives the Dr. GRPO (Liu et al., 2025) mean-centred advantage.
+Built-ins and where they depart from their papers (each chosen to match verl where verl has an opinion
+and to be safe where it does not):
+- `grpo` (Shao et al., 2024): reward z-scored within its group. The std is the *unbiased* (n-1) one, as
+  `torch.std` in verl. `epsilon` is added to the std, so a zero-variance group gets exactly 0. A group of
+  size 1 gets 0 in every group estimator here (there is no baseline); verl leaves its raw reward.
+- `dr_grpo` (Liu et al., 2025): `grpo` without the std division (`grpo` with `norm_by_std=False`); pair
+  it with `loss_agg=seq_mean_token_sum_norm` for the paper's constant length normalizer.
+- `rloo` (Ahmadian et al., 2024): reward minus the mean of the *other* rewards of the group, which is
+  n/(n-1) times the mean-centred reward.
+- `reinforce_pp` (Hu, 2025, REINFORCE++ with group baseline): subtract the group mean, then whiten over
+  the whole batch (unbiased variance, eps 1e-8 inside the square root, as verl's `masked_whiten`). With
+  a `response_mask` each trajectory weighs by its token count, exactly like verl's token-level
+  whitening; without one every trajectory weighs 1.
+- `gae` (Schulman et al., 2016): per-token GAE over the response mask, skipping masked positions (tool
+  observations) so the TD chain jumps over them, as verl's multi-turn GAE; whitened over the batch's
+  masked tokens by default. Without `token_rewards` the outcome reward sits on the last masked token.
+- `arena` (ArenaRL): tournament scores (rank quantiles from `rl_factory.algorithms.arena`) z-scored
+  within the group, unbiased std + 1e-6 as the reference implementation.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -29,16 +42,72 @@ from rl_factory.types import Group
 
 AdvantageFn = Callable[..., torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
+REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {}
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator adding an estimator to `ADVANTAGES` under `name`; a taken name is an error."""
+@dataclass
+class AdvantageInputs:
+    """Everything any estimator may read; optional fields are None unless the estimator needs them.
+
+    Attributes:
+        rewards: [N] float64 outcome reward per trajectory.
+        group_index: [N] long group number in 0..G-1.
+        token_rewards: [N, T] per-token rewards (token-level estimators).
+        values: [N, T] critic values (GAE).
+        response_mask: [N, T] 1 on trained (generated) tokens, 0 elsewhere.
+        scores: [N] precomputed per-trajectory scores, e.g. tournament rank quantiles (arena).
+    """
+
+    rewards: torch.Tensor
+    group_index: torch.Tensor
+    token_rewards: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    response_mask: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, rewards: Any, group_ids: Any, **optional: Any) -> AdvantageInputs:
+        """Convert and check raw inputs (tensors, arrays or lists; group ids any hashable labels).
+
+        Raises:
+            ValueError: wrong shapes, mismatched lengths or non-finite values.
+        """
+        values = _as_float(rewards, "rewards", dims=1)
+        group_index = _group_index(group_ids, device=values.device)
+        if group_index.numel() != values.numel():
+            raise ValueError(f"got {values.numel()} rewards but {group_index.numel()} group ids")
+        extra = {}
+        for name, value in optional.items():
+            if value is None:
+                continue
+            dims = 1 if name == "scores" else 2
+            extra[name] = _as_float(value, name, dims=dims).to(values.device)
+            if extra[name].shape[0] != values.numel():
+                raise ValueError(f"{name} has {extra[name].shape[0]} rows for {values.numel()} rewards")
+        shapes = {tuple(extra[k].shape) for k in ("token_rewards", "values", "response_mask") if k in extra}
+        if len(shapes) > 1:
+            raise ValueError(f"token-level inputs disagree in shape: {sorted(shapes)}")
+        return cls(values, group_index, **extra)
+
+
+def register_advantage(name: str, requires: Sequence[str] = ()) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding an estimator to `ADVANTAGES` under `name`; a taken name is an error.
+
+    Args:
+        name: registry key.
+        requires: optional `AdvantageInputs` fields the estimator cannot work without.
+    """
+    known = {f.name for f in fields(AdvantageInputs)}
+    unknown = sorted(set(requires) - known)
+    if unknown:
+        raise ValueError(f"advantage {name!r} requires unknown inputs {unknown}; known: {sorted(known)}")
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         if name in ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is already registered "
                              f"(by {ADVANTAGES[name].__module__}.{ADVANTAGES[name].__qualname__})")
         ADVANTAGES[name] = fn
+        REQUIRED_INPUTS[name] = tuple(requires)
         return fn
 
     return decorator
@@ -51,36 +120,50 @@ def get_advantage(name: str) -> AdvantageFn:
     return ADVANTAGES[name]
 
 
-def compute_advantages(name: str, rewards: Any, group_ids: Any, **options: Any) -> torch.Tensor:
-    """Per-trajectory advantages from outcome rewards with the estimator registered as `name`.
+def required_inputs(name: str) -> tuple[str, ...]:
+    """The optional `AdvantageInputs` fields estimator `name` needs (KeyError for unknown names)."""
+    get_advantage(name)
+    return REQUIRED_INPUTS[name]
+
+
+def estimate(name: str, inputs: AdvantageInputs, **options: Any) -> torch.Tensor:
+    """Run estimator `name` on checked inputs: the single call site for every estimator.
+
+    Returns:
+        [N] (outcome estimators) or [N, T] (token-level) float32 advantages.
+    """
+    fn = get_advantage(name)
+    missing = [k for k in REQUIRED_INPUTS[name] if getattr(inputs, k) is None]
+    if missing:
+        raise ValueError(f"advantage estimator {name!r} needs {missing}, which were not given")
+    if inputs.rewards.numel() == 0:
+        return torch.zeros(0, dtype=torch.float32, device=inputs.rewards.device)
+    return fn(inputs, **options).to(torch.float32)
+
+
+def compute_advantages(name: str, rewards: Any, group_ids: Any, *, token_rewards: Any = None,
+                       values: Any = None, response_mask: Any = None, scores: Any = None,
+                       **options: Any) -> torch.Tensor:
+    """Advantages with the estimator registered as `name`, from plain rewards and group ids.
 
     Args:
         name: registry key, e.g. "grpo".
         rewards: [N] tensor, numpy array or list of floats, one per trajectory.
         group_ids: [N] group labels (ints or strings, any order; equal label = same prompt).
+        token_rewards, values, response_mask: [N, T], for token-level estimators ("gae").
+        scores: [N] tournament scores, for "arena".
         **options: estimator options, e.g. `norm_by_std`, `epsilon` for "grpo".
 
     Returns:
-        [N] float32 advantages, on the device of `rewards` if it was a tensor.
+        [N] (or [N, T] for token-level estimators) float32 advantages, on the device of `rewards`.
     """
-    fn = get_advantage(name)
-    values = torch.as_tensor(rewards, dtype=torch.float64)
-    if values.dim() != 1:
-        raise ValueError("rewards must be 1-D (one per trajectory), "
-                         f"got shape {tuple(values.shape)}")
-    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
-    if bad:
-        raise ValueError(f"rewards at indices {bad[:10]} are not finite")
-    group_index = _group_index(group_ids, device=values.device)
-    if group_index.numel() != values.numel():
-        raise ValueError(f"got {values.numel()} rewards but {group_index.numel()} group ids")
-    if values.numel() == 0:
-        return torch.zeros(0, dtype=torch.float32, device=values.device)
-    return fn(values, group_index, **options).to(torch.float32)
+    inputs = AdvantageInputs.build(rewards, group_ids, token_rewards=token_rewards, values=values,
+                                   response_mask=response_mask, scores=scores)
+    return estimate(name, inputs, **options)
 
 
 def assign_advantages(name: str, groups: Sequence[Group], **options: Any) -> torch.Tensor:
-    """Compute advantages for scored groups and store each on `trajectory.advantage`.
+    """Compute outcome advantages for scored groups and store each on `trajectory.advantage`.
 
     Returns:
         [N] float32 advantages in group-then-trajectory order.
@@ -91,9 +174,22 @@ def assign_advantages(name: str, groups: Sequence[Group], **options: Any) -> tor
         raise ValueError(f"trajectories of samples {sorted(set(unscored))[:10]} have no reward yet")
     group_ids = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
     advantages = compute_advantages(name, [t.reward for t in trajs], group_ids, **options)
+    if advantages.dim() != 1:
+        raise ValueError(f"{name!r} is a token-level estimator; trajectories hold one advantage each")
     for traj, adv in zip(trajs, advantages.tolist(), strict=True):
         traj.advantage = adv
     return advantages
+
+
+def _as_float(value: Any, name: str, dims: int) -> torch.Tensor:
+    tensor = torch.as_tensor(value, dtype=torch.float64)
+    if tensor.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(tensor.shape)}")
+    bad = (~torch.isfinite(tensor)).nonzero()[:, 0].unique().tolist()
+    if bad:
+        what = "indices" if dims == 1 else "rows"
+        raise ValueError(f"{name} at {what} {bad[:10]} are not finite")
+    return tensor
 
 
 def _group_index(group_ids: Any, device: torch.device) -> torch.Tensor:
@@ -124,22 +220,126 @@ def group_stats(values: torch.Tensor, group_index: torch.Tensor
     return mean[group_index], var.sqrt()[group_index], size[group_index]
 
 
-@register_advantage("grpo")
-def compute_grpo_advantage(rewards: torch.Tensor, group_index: torch.Tensor,
-                           norm_by_std: bool = True, epsilon: float = 1e-6) -> torch.Tensor:
-    """GRPO: each reward z-scored within its group (see the module docstring for details).
+def group_zscore(values: torch.Tensor, group_index: torch.Tensor, norm_by_std: bool = True,
+                 epsilon: float = 1e-6) -> torch.Tensor:
+    """[N] values centred (and by default scaled by std + epsilon) within their group; 0 for singletons."""
+    mean, std, size = group_stats(values, group_index)
+    centred = values - mean
+    if norm_by_std:
+        centred = centred / (std + epsilon)
+    return torch.where(size > 1, centred, torch.zeros_like(centred))
+
+
+def whiten(values: torch.Tensor, weights: torch.Tensor, epsilon: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + epsilon) with weighted mean and Bessel-corrected weighted variance.
 
     Args:
-        rewards: [N] float.
-        group_index: [N] long in 0..G-1.
-        norm_by_std: divide by the group std (False: only subtract the group mean).
+        values: any shape; weights: the same shape (a 0/1 mask, or token counts per trajectory).
+
+    Returns:
+        Whitened values, same shape (where the weight is 0 too; mask them yourself).
+    """
+    total = weights.sum()
+    mean = (values * weights).sum() / total.clamp(min=1e-12)
+    var = ((values - mean) ** 2 * weights).sum() / (total - 1).clamp(min=1e-12)
+    return (values - mean) * torch.rsqrt(var + epsilon)
+
+
+@register_advantage("grpo")
+def compute_grpo_advantage(inputs: AdvantageInputs, norm_by_std: bool = True,
+                           epsilon: float = 1e-6) -> torch.Tensor:
+    """GRPO: each reward z-scored within its group.
+
+    Args:
+        inputs: rewards [N] and group_index [N].
+        norm_by_std: divide by the group std (False: only subtract the group mean, i.e. Dr. GRPO).
         epsilon: added to the std to avoid division by zero.
 
     Returns:
         [N] advantages; 0 for groups of size 1.
     """
-    mean, std, size = group_stats(rewards, group_index)
-    advantages = rewards - mean
-    if norm_by_std:
-        advantages = advantages / (std + epsilon)
-    return torch.where(size > 1, advantages, torch.zeros_like(advantages))
+    return group_zscore(inputs.rewards, inputs.group_index, norm_by_std, epsilon)
+
+
+@register_advantage("dr_grpo")
+def compute_dr_grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """Dr. GRPO: the group-mean-centred reward, no std division. [N]; 0 for groups of size 1."""
+    return group_zscore(inputs.rewards, inputs.group_index, norm_by_std=False)
+
+
+@register_advantage("rloo")
+def compute_rloo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """RLOO: r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean). [N]; 0 for groups of size 1."""
+    mean, _, size = group_stats(inputs.rewards, inputs.group_index)
+    loo = (inputs.rewards - mean) * size / (size - 1).clamp(min=1)
+    return torch.where(size > 1, loo, torch.zeros_like(loo))
+
+
+@register_advantage("reinforce_pp")
+def compute_reinforce_pp_advantage(inputs: AdvantageInputs, epsilon: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++ with group baseline: group-mean-centred rewards whitened over the whole batch.
+
+    Args:
+        inputs: rewards [N], group_index [N]; an optional response_mask [N, T] weighs each
+            trajectory by its token count (verl's token-level whitening).
+        epsilon: added to the variance.
+
+    Returns:
+        [N] advantages.
+    """
+    centred = group_zscore(inputs.rewards, inputs.group_index, norm_by_std=False)
+    mask = inputs.response_mask
+    weights = torch.ones_like(centred) if mask is None else mask.sum(-1).to(centred.dtype)
+    return whiten(centred, weights, epsilon)
+
+
+@register_advantage("arena", requires=("scores",))
+def compute_arena_advantage(inputs: AdvantageInputs, epsilon: float = 1e-6) -> torch.Tensor:
+    """ArenaRL: tournament scores (rank quantiles) z-scored within the group. [N]; ties share a value."""
+    return group_zscore(inputs.scores, inputs.group_index, norm_by_std=True, epsilon=epsilon)
+
+
+@register_advantage("gae", requires=("values", "response_mask"))
+def compute_gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
+                          whiten_advantages: bool = True) -> torch.Tensor:
+    """Generalized advantage estimation over the masked (generated) tokens.
+
+    Args:
+        inputs: values [N, T], response_mask [N, T], and token_rewards [N, T] (default: each
+            trajectory's reward on its last masked token).
+        gamma: discount per generated token.
+        lam: GAE lambda.
+        whiten_advantages: whiten over all masked tokens of the batch (verl does).
+
+    Returns:
+        [N, T] advantages, 0 on masked-out positions. The critic's targets are the unwhitened
+        advantages plus `values`.
+    """
+    mask, values = inputs.response_mask, inputs.values
+    token_rewards = inputs.token_rewards
+    if token_rewards is None:
+        token_rewards = outcome_token_rewards(inputs.rewards, mask)
+    next_value = torch.zeros_like(values[:, 0])  # [N]
+    running = torch.zeros_like(values[:, 0])  # [N]
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        candidate = delta + gamma * lam * running
+        # A masked position (prompt, tool output, padding) neither ends nor extends the TD chain.
+        m = mask[:, t]
+        next_value = m * values[:, t] + (1 - m) * next_value
+        running = m * candidate + (1 - m) * running
+        advantages[:, t] = running
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return advantages * mask
+
+
+def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] zeros with rewards [N] on each row's last masked token (rows without one get none)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(-1).values  # [N]
+    token_rewards = torch.zeros_like(mask, dtype=rewards.dtype)
+    rows = (last >= 0).nonzero()[:, 0]
+    token_rewards[rows, last[rows]] = rewards[rows]
+    return token_rewards

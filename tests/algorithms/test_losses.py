@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rl_factory.algorithms.losses import POLICY_LOSSES, get_policy_loss, kl_penalty
+from rl_factory.algorithms.losses import POLICY_LOSSES, aggregate_loss, get_policy_loss, kl_penalty
 
 # Two sequences, T = 3, clip range [0.8, 1.2]; per-token loss = max(-A r, -A clip(r)).
 # seq 0, A = +1, ratios [1, 1.5, 0.5]:  losses [-1, -1.2 (clipped), -0.5]
@@ -14,9 +14,9 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 ADV = torch.tensor([1.0, -2.0])
 
 
-def run(agg="token_mean", advantages=ADV):
+def run(agg="token_mean", advantages=ADV, norm_length=None):
     logprobs = (OLD + RATIOS.log()).requires_grad_()
-    loss, metrics = POLICY_LOSSES["ppo_clip"](logprobs, OLD, advantages, MASK, agg=agg)
+    loss, metrics = POLICY_LOSSES["ppo_clip"](logprobs, OLD, advantages, MASK, agg=agg, norm_length=norm_length)
     return logprobs, loss, metrics
 
 
@@ -62,3 +62,55 @@ def test_kl_penalty_estimators():
     assert kl_penalty(torch.tensor([[-40.0]]), torch.tensor([[-10.0]])).item() == 10.0  # clamped
     with pytest.raises(KeyError, match="valid: .*'low_var_kl'"):
         kl_penalty(logp, ref, "k4")
+
+
+def test_asymmetric_clip_higher():
+    # DAPO clip-higher: range [1 - 0.2, 1 + 0.28]. A = +1: ratio 1.25 is inside (loss -1.25), ratio 1.4
+    # is clipped to 1.28. A = -1: ratio 0.7 is clipped to 0.8 (loss 0.8), ratio 1.4 is not (loss 1.4).
+    ratios = torch.tensor([[1.25, 1.4], [0.7, 1.4]])
+    old = torch.zeros(2, 2)
+    logprobs = ratios.log().requires_grad_()
+    loss, metrics = POLICY_LOSSES["ppo_clip"](logprobs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 2),
+                                              clip_ratio_low=0.2, clip_ratio_high=0.28)
+    assert loss.item() == pytest.approx((-1.25 - 1.28 + 0.8 + 1.4) / 4)
+    assert metrics["clipfrac"] == pytest.approx(2 / 4)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.25, 0.0], [0.0, 1.4]]) / 4)
+    # The symmetric default would clip the 1.25 token too.
+    symmetric, _ = POLICY_LOSSES["ppo_clip"](ratios.log(), old, torch.tensor([1.0, -1.0]), torch.ones(2, 2))
+    assert symmetric.item() == pytest.approx((-1.2 - 1.2 + 0.8 + 1.4) / 4)
+
+
+def test_dr_grpo_constant_normalizer():
+    # seq_mean_token_sum_norm with a fixed norm_length: each sequence's token sum over 10, then the
+    # mean over sequences; independent of how many tokens each sequence actually has.
+    assert run("seq_mean_token_sum_norm", norm_length=10)[1].item() == pytest.approx((-2.7 / 10 + 4.6 / 10) / 2)
+    # A fully masked row still counts as a sequence (its sum is 0): the normalizer is constant.
+    loss_mat, mask = torch.tensor([[1.0, 2.0], [5.0, 5.0]]), torch.tensor([[1, 1], [0, 0]])
+    assert aggregate_loss(loss_mat, mask, "seq_mean_token_sum_norm").item() == pytest.approx(3 / 2 / 2)
+    # while the sequence mean ignores it and token_mean counts tokens.
+    assert aggregate_loss(loss_mat, mask, "seq_mean_token_mean").item() == pytest.approx(1.5)
+    assert aggregate_loss(loss_mat, mask, "token_mean").item() == pytest.approx(1.5)
+
+
+def test_aggregations_weigh_long_sequences_differently():
+    # Sequence 0: 4 tokens of loss 1; sequence 1: 1 token of loss 5.
+    loss_mat = torch.tensor([[1.0, 1.0, 1.0, 1.0], [5.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert aggregate_loss(loss_mat, mask, "token_mean").item() == pytest.approx(9 / 5)
+    assert aggregate_loss(loss_mat, mask, "seq_mean_token_mean").item() == pytest.approx((1 + 5) / 2)
+    assert aggregate_loss(loss_mat, mask, "seq_mean_token_sum_norm").item() == pytest.approx((4 / 4 + 5 / 4) / 2)
+
+
+def test_kl_estimators_on_a_batch_with_mask():
+    # log-ratios (policy - ref): 0.5, -0.5, 0 (masked). k1 = lr, k2 = lr^2 / 2, k3 = e^-lr + lr - 1.
+    logp = torch.tensor([[0.5, -0.5, 0.0]])
+    ref = torch.zeros(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    k1 = aggregate_loss(kl_penalty(logp, ref, "k1"), mask)
+    k2 = aggregate_loss(kl_penalty(logp, ref, "k2"), mask)
+    k3 = aggregate_loss(kl_penalty(logp, ref, "k3"), mask)
+    assert k1.item() == pytest.approx(0.0)
+    assert k2.item() == pytest.approx(0.125)
+    assert k3.item() == pytest.approx(((math.exp(-0.5) + 0.5 - 1) + (math.exp(0.5) - 0.5 - 1)) / 2)
+    assert kl_penalty(ref, ref, "k3").abs().max().item() == 0.0

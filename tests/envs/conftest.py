@@ -47,3 +47,10 @@ def slow_server():
     """slow_server(**knobs) -> manifest entry running tests/fakes/slow_server.py over stdio."""
     script = REPO_ROOT / "tests" / "fakes" / "slow_server.py"
     return lambda **knobs: {"command": "python", "args": [str(script)], **knobs}
+
+
+@pytest.fixture(scope="session")
+def fault_server():
+    """fault_server(*flags, **knobs) -> manifest entry running tests/fakes/fault_server.py."""
+    script = REPO_ROOT / "tests" / "fakes" / "fault_server.py"
+    return lambda *flags, **knobs: {"command": "python", "args": [str(script), *flags], **knobs}

@@ -30,6 +30,7 @@ async def env(tmp_path_factory, write_manifest, slow_server):
         os.environ.pop("PYTHONPATH", None)
         tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs")
     async with tool_env:
+        await tool_env.list_tools()
         yield tool_env
 
 
@@ -112,15 +113,15 @@ async def test_duplicate_tool_names_both_servers(tmp_path, write_manifest, slow_
     path = write_manifest(tmp_path, {"a": slow_server(tools={"include": ["pid"]}),
                                      "b": slow_server(tools={"exclude": ["crash"]})})
     with pytest.raises(ToolEnvError, match="tool 'pid' is served by both 'a' and 'b'"):
-        async with ToolEnv.from_manifest(path):
-            pass
+        async with ToolEnv.from_manifest(path) as env:
+            await env.list_tools()
 
 
 async def test_server_that_cannot_start(tmp_path, write_manifest):
     path = write_manifest(tmp_path, {"broken": {"command": "python", "args": ["-m", "envs.servers.nope"]}})
     with pytest.raises(ToolEnvError, match=r"MCP server 'broken' .* failed to start: .*No module named"):
-        async with ToolEnv.from_manifest(path):
-            pass
+        async with ToolEnv.from_manifest(path) as env:
+            await env.list_tools()
 
 
 async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
@@ -135,6 +136,7 @@ async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest,
         path = write_manifest(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp",
                                                  "tools": {"include": ["sleep", "pid"]}}})
         async with ToolEnv.from_manifest(path) as env:
+            await env.list_tools()
             assert env.tool_names == ["sleep", "pid"]
             results = await env.call_batch([ToolCall("sleep", {"seconds": 0.1})] * 10)
             assert [r.text for r in results] == ["slept 0.1"] * 10
@@ -176,3 +178,83 @@ def test_render_result_non_text_content():
         ResourceLink(type="resource_link", name="r", uri="file:///tmp/r.txt")])
     assert render_result(result) == "see\n[image: image/png]\n[resource: file:///tmp/r.txt]"
     assert render_result(CallToolResult(content=[], structured_content={"result": 5})) == '{"result": 5}'
+
+
+# ---- lazy start, prefixes, restart policy ------------------------------------------------------
+
+def marked_pids(marker: str) -> set[int]:
+    """Live processes whose environment carries RLF_TEST_MARK=<marker>."""
+    pids = set()
+    for proc in os.listdir("/proc"):
+        try:
+            if proc.isdigit() and f"RLF_TEST_MARK={marker}".encode() in open(f"/proc/{proc}/environ", "rb").read():
+                pids.add(int(proc))
+        except OSError:
+            continue
+    return pids
+
+
+async def test_lazy_start_happens_once(tmp_path, write_manifest, slow_server):
+    marker = f"lazy-{os.getpid()}-{time.monotonic_ns()}"
+    path = write_manifest(tmp_path, {"slow": slow_server(env={"RLF_TEST_MARK": marker})})
+    async with ToolEnv.from_manifest(path) as env:
+        await asyncio.sleep(0.2)
+        assert marked_pids(marker) == set()  # entering starts nothing
+        with pytest.raises(RuntimeError, match="list_tools"):
+            env.tools
+        # Many first calls at once: one server, started once.
+        results = await env.call_batch([ToolCall("pid", {})] * 20)
+        assert len({r.text for r in results}) == 1 and all(r.ok for r in results)
+        assert marked_pids(marker) == {int(results[0].text)}
+        assert [t["function"]["name"] for t in await env.list_tools()] == env.tool_names
+    assert marked_pids(marker) == set()
+
+
+async def test_no_manifest_starts_nothing_and_calls_need_async_with(tmp_path, write_manifest, slow_server):
+    async with ToolEnv.from_manifest(None) as env:
+        assert await env.list_tools() == [] and env.tools == []
+    with pytest.raises(RuntimeError, match="async with"):
+        await ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server()})).list_tools()
+
+
+async def test_prefix_namespaces_servers_and_routes_back(tmp_path, write_manifest, slow_server):
+    path = write_manifest(tmp_path, {"a": slow_server(prefix=True, tools={"include": ["pid", "sleep"]}),
+                                     "b": slow_server(prefix="other", tools={"include": ["pid"]})})
+    async with ToolEnv.from_manifest(path) as env:
+        assert [t["function"]["name"] for t in await env.list_tools()] == ["a__sleep", "a__pid", "other__pid"]
+        a, b, bare = await env.call_batch([ToolCall("a__pid", {}), ToolCall("other__pid", {}), ToolCall("pid", {})])
+        assert a.ok and b.ok and a.text != b.text and (a.server, b.server) == ("a", "b")
+        assert bare.error_kind == "unknown_tool" and "a__sleep, a__pid, other__pid" in bare.text
+        assert (await env.call(ToolCall("a__sleep", {"seconds": 0.01}))).text == "slept 0.01"
+        assert env.metrics()["tool/a__pid/calls"] == 1
+
+
+async def test_restart_never(tmp_path, write_manifest, slow_server):
+    async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server(restart="never")})) as env:
+        assert (await env.call(ToolCall("crash", {}))).error_kind == "crashed"
+        after = await env.call(ToolCall("pid", {}))
+        assert after.error_kind == "crashed" and "not restarted (restart: never)" in after.text
+
+
+async def test_restart_gives_up_after_max_restarts_in_a_row(tmp_path, write_manifest, slow_server):
+    policy = {"max_restarts": 2, "backoff_s": 0, "max_backoff_s": 0}
+    async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server(restart=policy)})) as env:
+        first = await env.call(ToolCall("pid", {}))
+        crashes = [await env.call(ToolCall("crash", {})) for _ in range(3)]  # the start, then 2 restarts
+        assert [r.error_kind for r in crashes] == ["crashed"] * 3
+        after = await env.call(ToolCall("pid", {}))
+        assert "gave up after 2 restarts in a row" in after.text
+        assert first.ok
+
+
+async def test_restart_backoff_fails_fast_then_restarts(tmp_path, write_manifest, slow_server):
+    policy = {"backoff_s": 1.0, "max_backoff_s": 1.0}
+    async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server(restart=policy)})) as env:
+        await env.call(ToolCall("crash", {}))
+        await env.call(ToolCall("crash", {}))  # restarted at once, crashed again: now 1 s of backoff
+        start = time.perf_counter()
+        waiting = await env.call(ToolCall("pid", {}))
+        assert waiting.error_kind == "crashed" and "restarting in" in waiting.text
+        assert time.perf_counter() - start < 0.5  # failed fast, did not wait out the backoff
+        await asyncio.sleep(1.1)
+        assert (await env.call(ToolCall("pid", {}))).ok

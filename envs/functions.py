@@ -1,0 +1,222 @@
+"""Plain Python functions as tools, listed next to the MCP servers of a manifest.
+
+    functions:
+      - my_tools.py:word_count                    # a file: relative to the manifest, else the cwd
+      - {function: my_pkg.tools:search, timeout_s: 5, cache: {ttl_s: 600}}
+
+The input schema comes from the type hints through the MCP SDK's own `func_metadata`, so a
+function gets the same `input_schema` it would get served by an `MCPServer`; the Google-style
+docstring adds the description (its text before `Args:`) and each parameter's description.
+Arguments are validated by the tool env's JSON Schema check first, then by that pydantic model
+(which also builds typed values such as pydantic models from JSON objects).
+
+Async functions are awaited. A sync function runs on a daemon thread of its own: the event loop
+never waits on it, and a hung one cannot block the process from exiting (executor threads are
+joined at exit; Ctrl-C must not hang on a stuck tool). On timeout the call returns a "timeout"
+error at once; a sync function's thread is abandoned (Python cannot kill a thread) and finishes
+in the background. An exception becomes an error result `Error executing tool <name>: <message>`;
+unlike a remote server's, the message is our own process's and is shown to the model.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
+from mcp.types import CallToolResult, TextContent, Tool
+from pydantic import ValidationError
+
+from envs.manifest import FunctionSpec, Manifest, ManifestError
+from envs.mcp_client import ToolCallError
+
+logger = logging.getLogger(__name__)
+
+SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns?|Yields?|Raises|Examples?|Notes?|"
+                     r"Attributes|See Also|Warnings?):\s*$")
+ARG_LINE = re.compile(r"^(\s*)\**(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")  # "  name (type): text"
+ARG_SECTIONS = {"Args", "Arguments", "Parameters"}
+
+
+class FunctionTool:
+    """One Python function behind the same interface as an MCP server connection."""
+
+    name = "functions"  # the `server` of its results, and its group in `python -m envs list`
+
+    def __init__(self, spec: FunctionSpec, fn: Callable[..., Any]):
+        self.spec = spec
+        self.fn = fn
+        self.label = f"function '{spec.function}'"
+        try:
+            self._meta: FuncMetadata = func_metadata(fn, structured_output=False)
+        except Exception as exc:  # noqa: BLE001 - any signature pydantic cannot model
+            raise ManifestError(f"{self.label}: cannot build a tool schema from its signature: "
+                                f"{exc}") from None
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self.tools = [build_tool(fn, self._meta)]
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def start(self) -> None:
+        self._semaphore = asyncio.Semaphore(self.spec.max_concurrency)  # bound to the running loop
+
+    async def stop(self) -> None:
+        self._semaphore = None
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
+        """Run the function; raises ToolCallError("timeout"), returns is_error results otherwise."""
+        try:
+            kwargs = self._meta.validate_arguments(arguments)
+        except ValidationError as exc:
+            return _error_result(name, str(exc))
+        async with self._semaphore:
+            try:
+                async with asyncio.timeout(self.spec.timeout_s) as deadline:
+                    value = await (self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs))
+            except TimeoutError as exc:
+                if deadline.expired():
+                    raise ToolCallError("timeout", f"tool '{name}' timed out after "
+                                                   f"{self.spec.timeout_s:g}s") from None
+                return _error_result(name, _describe(exc))
+            except Exception as exc:  # noqa: BLE001 - the model sees it as a tool error
+                logger.debug("function tool %r raised", name, exc_info=True)
+                return _error_result(name, _describe(exc))
+        try:
+            return self._meta.convert_result(value)
+        except Exception as exc:  # noqa: BLE001 - e.g. a return value that cannot be serialized
+            return _error_result(name, f"cannot serialize the result: {_describe(exc)}")
+
+
+def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
+    """Import every function of the manifest; ManifestError names the entry that fails."""
+    tools = []
+    for i, spec in enumerate(manifest.functions):
+        where = f"{manifest.source}: functions[{i}] ({spec.function!r})"
+        try:
+            fn = load_function(spec.function, manifest.base_dir)
+        except ManifestError as err:
+            raise ManifestError(f"{where}: {err}") from None
+        try:
+            tools.append(FunctionTool(spec, fn))
+        except ManifestError as err:
+            raise ManifestError(f"{where}: {str(err).split(': ', 1)[-1]}") from None
+    return tools
+
+
+def load_function(ref: str, base_dir: Path | None = None) -> Callable[..., Any]:
+    """"pkg.module:fn" or "path/file.py:fn" -> the function; ManifestError says what is wrong."""
+    target, _, name = ref.rpartition(":")
+    try:
+        module = _import_file(target, base_dir) if target.endswith(".py") else importlib.import_module(target)
+    except ManifestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything on import
+        raise ManifestError(f"cannot import {target!r}: {_describe(exc)}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ManifestError(f"{target!r} has no function {name!r}")
+    return fn
+
+
+def _import_file(target: str, base_dir: Path | None):
+    candidates = [base_dir / target] if base_dir is not None and not Path(target).is_absolute() else []
+    path = next((p for p in [*candidates, Path(target)] if p.is_file()), None)
+    if path is None:
+        raise ManifestError(f"file not found: {target}" + (f" (looked in {base_dir} and the current "
+                                                           f"directory)" if candidates else ""))
+    path = path.resolve()
+    # A unique module name per file, so two tools.py files in different folders do not collide.
+    mod_name = f"_rlf_tools_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # before exec: dataclasses and pydantic look their module up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module
+
+
+def build_tool(fn: Callable[..., Any], meta: FuncMetadata) -> Tool:
+    """The MCP `Tool` for `fn`: name, docstring summary, input schema with argument descriptions."""
+    description, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
+    schema = meta.arg_model.model_json_schema(by_alias=True)
+    for arg, text in arg_docs.items():
+        prop = schema.get("properties", {}).get(arg)
+        if prop is not None and text:
+            prop.setdefault("description", text)
+    return Tool(name=fn.__name__, description=description, input_schema=schema)
+
+
+def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Google style: (text before the first section, {argument: description} from `Args:`)."""
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    section, arg, arg_indent = None, None, None
+    for line in doc.splitlines():
+        header = SECTION.match(line)
+        if header:
+            section, arg, arg_indent = header.group(1), None, None
+            continue
+        if section is None:
+            summary.append(line)
+            continue
+        if section not in ARG_SECTIONS or not line.strip():
+            continue
+        match = ARG_LINE.match(line)
+        indent = len(line) - len(line.lstrip())
+        if match and (arg_indent is None or indent <= arg_indent):
+            arg, arg_indent = match.group(2), indent
+            args[arg] = match.group(3).strip()
+        elif arg is not None:  # a continuation line of the current argument
+            args[arg] = f"{args[arg]} {line.strip()}".strip()
+    return "\n".join(summary).strip(), args
+
+
+async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # timed out or cancelled meanwhile: nobody is waiting
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def work() -> None:
+        try:
+            value, error = context.run(fn, **kwargs), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:
+            pass  # the loop closed while we ran: the run is over
+
+    threading.Thread(target=work, name=f"tool-{fn.__name__}", daemon=True).start()
+    return await future
+
+
+def _error_result(name: str, message: str) -> CallToolResult:
+    return CallToolResult(is_error=True, content=[TextContent(type="text",
+                                                              text=f"Error executing tool {name}: {message}")])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

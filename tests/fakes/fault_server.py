@@ -1,0 +1,88 @@
+"""An MCP server that misbehaves on request, for the tool env's fault tests.
+
+    python tests/fakes/fault_server.py [--banner]
+
+Tools: `sleep` (async), `block` (a sync tool that holds its worker thread), `hang` (never
+returns), `pid`, `inflight` (calls now running), `noisy` (writes garbage to stdout, then
+answers), `leak` (fails with the value of an environment variable in its message).
+`--banner` prints a non-JSON line to stdout before the MCP handshake, as careless servers do.
+"""
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("faulty", log_level="WARNING")
+running = 0
+# The SDK diverts fd 1 to stderr while it serves (so stray prints cannot corrupt the channel);
+# servers in other languages or older SDKs have no such guard. Keep a handle on the real pipe.
+WIRE = os.dup(sys.stdout.fileno())
+
+# Everything a confused process might put on a JSON-RPC stdout: prose, JSON that is not JSON-RPC,
+# bytes that are not UTF-8, an answer to a request nobody made, a cut-off message, blank lines.
+GARBAGE = (b"Loading model weights... done\n", b'{"hello": "world"}\n', b"\xff\xfe\x80 not utf-8\n",
+           b'{"jsonrpc": "2.0", "id": 987654, "result": {}}\n', b'{"jsonrpc": "2.0", "id": \n', b"\n\n")
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep for `seconds` without blocking the server."""
+    global running
+    running += 1
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        running -= 1
+    return f"slept {seconds}"
+
+
+@server.tool()
+def block(seconds: float) -> str:
+    """Hold a worker thread for `seconds` (a tool stuck in blocking I/O)."""
+    time.sleep(seconds)
+    return f"blocked {seconds}"
+
+
+@server.tool()
+async def hang() -> str:
+    """Never return."""
+    await asyncio.Event().wait()
+    return "unreachable"
+
+
+@server.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def inflight() -> int:
+    """How many `sleep` calls are running now."""
+    return running
+
+
+@server.tool()
+def noisy(text: str) -> str:
+    """Write garbage straight to stdout (the JSON-RPC channel), then answer `text`."""
+    for chunk in GARBAGE:
+        os.write(WIRE, chunk)
+    return text
+
+
+@server.tool()
+def leak(name: str) -> str:
+    """Fail with the value of environment variable `name` in the message."""
+    raise ToolError(f"authentication failed for key {os.environ.get(name, '')}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--banner", action="store_true")
+    if parser.parse_args().banner:
+        os.write(WIRE, b"fault_server v0 starting (not JSON)\n")
+    server.run()
