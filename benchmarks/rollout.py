@@ -11,9 +11,9 @@ draw per trajectory and turn):
   * async    -- ours: every trajectory is its own `Agent.rollout` task, all gathered.
   * ideal    -- the critical path: for each trajectory, the sum of its own generation and tool
                 times; the maximum over trajectories. Tool times are the drawn latencies.
-                Generation times are the scripted ones (`--engine scripted`), or each call's
-                time measured in the lockstep run, where every call ran in a full batch
-                (`--engine hf`).
+                Generation times are the scripted ones (`--engine scripted`), or, with
+                `--engine hf`, each call's fastest time over all runs of both modes (a real
+                engine has no programmed time; a call is slowed by the batch it shares).
 
 What the "model" says is scripted in both engines, so every trajectory makes `--turns - 1` tool
 calls and then answers: each call asks the tool to wait for that trajectory's drawn latency.
@@ -22,7 +22,12 @@ With `--engine scripted` a turn takes `--gen-ms` + `--gen-ms-per-token` per toke
 engine (shared by all trajectories, so it batches them), whose output is then replaced by the
 scripted turn.
 
-Prints one JSON line (medians over `--repeats`; `runs` keeps every value):
+Prints one JSON line (medians over `--repeats`; `runs` keeps every wall time). Besides the three
+times: `lockstep_model_s` is lockstep with no overhead (per turn, the slowest generation plus the
+slowest tool), `*_tool_overhead_ms_*` the measured minus the drawn tool latency per call, and
+`async_gap_*` splits `async_s - ideal_s` for the ideal's critical trajectory into time lost inside
+its own calls, outside them (decoding, parsing, templating, waiting for the event loop) and after
+it finished.
 
     .venv/bin/python benchmarks/rollout.py --trajectories 64 --turns 4 --tool-latency-ms 200 --sigma 1.0
     .venv/bin/python benchmarks/rollout.py --engine hf --trajectories 64 --turns 4
@@ -182,7 +187,7 @@ class Bench:
         self.params = SamplingParams(temperature=0.0, top_p=1.0)  # greedy: the same decodes in every mode
         self.samples = [{"messages": [{"role": "user", "content": f"What is {101 + i} * {7 + i % 13}?"}]}
                         for i in range(args.trajectories)]
-        self.gen_s: list[list[float]] | None = None  # each trajectory's generation times for the ideal
+        self.scripted_gen_s: list[list[float]] | None = None  # as programmed; the same in every run
 
     def engine(self, i: int) -> ScriptedEngine:
         script = [TOOL_CALL.format(seconds=s) for s in self.latencies[i]] + [ANSWER]
@@ -219,46 +224,57 @@ class Bench:
             if len(traj.turns) != self.args.turns or not all(r.ok for r in lane.tool_results):
                 raise RuntimeError(f"trajectory {traj.sample_index} did not run as scripted: "
                                    f"{traj.stop_reason}, {[r.text for r in lane.tool_results]}")
-        if self.gen_s is None and (self.hf is None or mode == "lockstep"):
-            # Scripted: the programmed times. HF: the lockstep run's, where every call ran in a full batch.
-            self.gen_s = [lane.engine.busy_s if self.hf is None else lane.gen_s for lane in lanes]
+        if self.hf is None and self.scripted_gen_s is None:
+            self.scripted_gen_s = [lane.engine.busy_s for lane in lanes]
         overhead_ms = sorted((r.latency_s - drawn) * 1e3 for lane, row in zip(lanes, self.latencies)
                              for r, drawn in zip(lane.tool_results, row))
-        # Where the trajectory on the ideal's critical path lost time against its ideal: inside its
-        # own calls (tool round trips, generation beyond the scripted time), outside them (parsing,
-        # tokenizing, waiting for the event loop), and after it finished (others still running).
-        ideal = self._ideal_totals()
-        k = max(range(n), key=ideal.__getitem__)
-        in_calls = sum(lanes[k].gen_s) + sum(lanes[k].tool_s)
         return {
+            "mode": mode,
             "wall_s": wall,
-            "generation_s": statistics.mean(sum(lane.gen_s) for lane in lanes),
-            "tool_s": statistics.mean(sum(lane.tool_s) for lane in lanes),
+            "finished_s": [t - start for t in finished],
+            "gen_s": [lane.gen_s for lane in lanes],
+            "tool_s": [lane.tool_s for lane in lanes],
             "tool_overhead_ms_p50": overhead_ms[len(overhead_ms) // 2],
             "tool_overhead_ms_p99": overhead_ms[int(0.99 * (len(overhead_ms) - 1))],
-            "gap_in_calls_s": in_calls - ideal[k],
-            "gap_outside_calls_s": finished[k] - start - in_calls,
-            "gap_after_critical_s": wall - (finished[k] - start),
         }
 
-    def _ideal_totals(self) -> list[float]:
-        return [sum(g) + sum(t) for g, t in zip(self.gen_s, self.latencies)]
+    def ideal_gen_s(self, runs: list[dict]) -> list[list[float]]:
+        """Each trajectory's generation time per turn, for the ideal: the scripted times, or with
+        the HF engine each call's fastest time over all runs of both modes."""
+        if self.hf is None:
+            return self.scripted_gen_s
+        return [[min(r["gen_s"][i][k] for r in runs) for k in range(self.args.turns)]
+                for i in range(self.args.trajectories)]
 
-    def ideal(self) -> dict[str, float]:
-        turns = list(zip(*self.gen_s))
-        return {"ideal_s": max(self._ideal_totals()),
-                # Lockstep without any overhead: every turn waits for its slowest generation and tool.
-                "lockstep_model_s": sum(map(max, turns)) + sum(map(max, zip(*self.latencies))),
-                "ideal_generation_s": statistics.mean(sum(g) for g in self.gen_s),
-                "ideal_tool_s": statistics.mean(sum(t) for t in self.latencies)}
+
+def gaps(run: dict, ideal: list[float]) -> dict[str, float]:
+    """Where the trajectory on the ideal's critical path lost time against its ideal: inside its own
+    calls (tool round trips, generation slower than in the ideal), outside them (decoding, parsing,
+    tokenizing, waiting for the event loop), and after it finished (others still running)."""
+    k = max(range(len(ideal)), key=ideal.__getitem__)
+    in_calls = sum(run["gen_s"][k]) + sum(run["tool_s"][k])
+    return {"gap_in_calls_s": in_calls - ideal[k],
+            "gap_outside_calls_s": run["finished_s"][k] - in_calls,
+            "gap_after_critical_s": run["wall_s"] - run["finished_s"][k]}
 
 
 def summarize(args: argparse.Namespace, bench: Bench, runs: dict[str, list[dict]],
               load_before: float) -> dict[str, Any]:
+    gen_s = bench.ideal_gen_s(runs["lockstep"] + runs["async"])
+    totals = [sum(g) + sum(t) for g, t in zip(gen_s, bench.latencies)]
+    ideal_s = max(totals)
+    # Lockstep without any overhead: every turn waits for its slowest generation and its slowest tool.
+    lockstep_model_s = sum(map(max, zip(*gen_s))) + sum(map(max, zip(*bench.latencies)))
+    for run in runs["async"]:
+        run.update(gaps(run, totals))
+    for rs in runs.values():
+        for run in rs:
+            run["generation_s"] = statistics.mean(map(sum, run["gen_s"]))
+            run["tool_s"] = statistics.mean(map(sum, run["tool_s"]))
+
     def median(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[mode])
 
-    ideal = bench.ideal()
     lockstep_s, async_s = median("lockstep", "wall_s"), median("async", "wall_s")
     out: dict[str, Any] = {
         "benchmark": "rollout",
@@ -269,13 +285,13 @@ def summarize(args: argparse.Namespace, bench: Bench, runs: dict[str, list[dict]
         "sigma": args.sigma,
         "lockstep_s": round(lockstep_s, 3),
         "async_s": round(async_s, 3),
-        "ideal_s": round(ideal["ideal_s"], 3),
+        "ideal_s": round(ideal_s, 3),
         "speedup_vs_lockstep": round(lockstep_s / async_s, 3),
-        "ratio_to_ideal": round(async_s / ideal["ideal_s"], 3),
-        "lockstep_to_ideal": round(lockstep_s / ideal["ideal_s"], 3),
-        "lockstep_model_s": round(ideal["lockstep_model_s"], 3),
-        "ideal_generation_s": round(ideal["ideal_generation_s"], 3),
-        "ideal_tool_s": round(ideal["ideal_tool_s"], 3),
+        "ratio_to_ideal": round(async_s / ideal_s, 3),
+        "lockstep_to_ideal": round(lockstep_s / ideal_s, 3),
+        "lockstep_model_s": round(lockstep_model_s, 3),
+        "ideal_generation_s": round(statistics.mean(map(sum, gen_s)), 3),
+        "ideal_tool_s": round(statistics.mean(map(sum, bench.latencies)), 3),
     }
     for key in ("generation_s", "tool_s", "tool_overhead_ms_p50", "tool_overhead_ms_p99"):
         for mode in runs:

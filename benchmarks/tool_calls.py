@@ -13,7 +13,7 @@ measures three ways of calling it, in one run:
 
 Prints one JSON line (see benchmarks/README.md for every field):
 
-    .venv/bin/python benchmarks/tool_calls.py --in-flight 256 --latency-s 0.5 --rounds 10
+    .venv/bin/python benchmarks/tool_calls.py --in-flight 256 --latency-s 0.5 --rounds 10 --repeats 3
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from envs import ToolEnv  # noqa: E402
 from rl_factory.types import ToolCall, ToolResult  # noqa: E402
 
 SERVER = Path(__file__).resolve().parent / "servers" / "latency_server.py"
+RUN_FIELDS = ["throughput_vs_ideal", "overhead_p50_ms", "net_overhead_p50_ms", "burst_wall_s_median"]
 
 
 def main() -> None:
@@ -46,8 +47,10 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=256, help="concurrent calls")
     parser.add_argument("--latency-s", type=float, default=0.5, help="time the tool takes")
     parser.add_argument("--rounds", type=int, default=10, help="calls per steady worker; bursts")
-    parser.add_argument("--sequential-calls", type=int, default=10)
+    parser.add_argument("--sequential-calls", type=int, default=6)
     parser.add_argument("--transport", default="stdio", choices=["stdio", "streamable_http"])
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measure this many times on one server; report each field's median")
     parser.add_argument("--sdk-stdio-server", action="store_true",
                         help="serve stdio with the SDK's threaded transport, not envs.servers.stdio")
     args = parser.parse_args()
@@ -57,31 +60,43 @@ def main() -> None:
 async def run(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     async with server_entry(args) as entry, ToolEnv.from_manifest({"mcpServers": {"latency": entry}}) as env:
-        call = ToolCall("wait", {"seconds": args.latency_s})
         await env.call_batch([ToolCall("wait", {"seconds": 0})] * min(args.in_flight, 64))  # warm up
-        env.reset_metrics()
-        steady = await run_steady(env, call, args.in_flight, args.rounds, args.latency_s)
-        burst = await run_burst(env, call, args.in_flight, args.rounds, args.latency_s)
-        sequential = await run_sequential(env, call, args.sequential_calls, args.latency_s)
-        metrics = env.metrics()
-    calls = steady["calls"] + burst["calls"] + sequential["calls"]
+        runs = [await measure(env, args) for _ in range(args.repeats)]
     return {
         "benchmark": "tool_calls",
         "transport": args.transport,
-        "server_stdio": "sdk" if args.sdk_stdio_server else "envs.servers.stdio",
+        "server_stdio": ("sdk" if args.sdk_stdio_server else "envs.servers.stdio")
+                        if args.transport == "stdio" else None,
         "in_flight": args.in_flight,
         "latency_s": args.latency_s,
+        "repeats": args.repeats,
+        **{k: _median(r[k] for r in runs) for k in runs[0]},
+        "runs": {k: [r[k] for r in runs] for k in RUN_FIELDS},
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+async def measure(env: ToolEnv, args: argparse.Namespace) -> dict:
+    """One pass of the three phases; every field is a number."""
+    call = ToolCall("wait", {"seconds": args.latency_s})
+    env.reset_metrics()
+    steady = await run_steady(env, call, args.in_flight, args.rounds, args.latency_s)
+    burst = await run_burst(env, call, args.in_flight, args.rounds, args.latency_s)
+    sequential = await run_sequential(env, call, args.sequential_calls, args.latency_s)
+    metrics = env.metrics()
+    calls = steady["calls"] + burst["calls"] + sequential["calls"]
+    if metrics["tool/calls"] != calls:
+        raise RuntimeError(f"ToolEnv counted {metrics['tool/calls']:g} calls, the benchmark made {calls}")
+    return {
         **steady,
         "ideal_calls_per_s": round(args.in_flight / args.latency_s, 1),
         "throughput_vs_ideal": round(steady["calls_per_s"] * args.latency_s / args.in_flight, 3),
         **{f"burst_{k}": v for k, v in burst.items()},
         **{f"sequential_{k}": v for k, v in sequential.items()},
         "failed_calls": int(sum(v for k, v in metrics.items() if k.startswith("tool/errors/"))),
-        "counted_calls_ok": metrics["tool/calls"] == calls,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
 
@@ -147,6 +162,13 @@ def _overheads(seconds: list[float]) -> dict:
     ordered = sorted(seconds)
     return {"overhead_p50_ms": _ms(statistics.median(ordered)),
             "overhead_p99_ms": _ms(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])}
+
+
+def _median(values) -> float:
+    values = list(values)
+    if all(isinstance(v, int) for v in values):
+        return statistics.median_low(values)
+    return round(statistics.median(values), 3)
 
 
 def _ms(seconds: float) -> float:

@@ -1,7 +1,8 @@
 """The environment side: MCP tool manifests, server connections, the tool env and call parsers.
 
-    async with ToolEnv.from_manifest("configs/tools/calculator.yaml") as env:
-        content, calls = get_parser("hermes").parse(model_text)
+    async with ToolEnv.from_manifest("configs/tools/calculator.yaml") as env:   # starts nothing
+        tools = await env.list_tools()             # starts the servers, once; OpenAI-shape schemas
+        content, calls = get_parser("hermes", tools=tools).parse(model_text)
         results = await env.call_batch(calls)      # one ToolResult per call, never an exception
 
 Nothing here imports torch or the trainer. Exports resolve lazily (PEP 562) so that

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from envs.manifest import CacheSpec
+from envs.knobs import CacheSpec
 from rl_factory.types import ToolResult
 
 

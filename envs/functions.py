@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ class FunctionTool:
         async with self._semaphore:
             try:
                 async with asyncio.timeout(self.spec.timeout_s) as deadline:
-                    value = await (self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs))
+                    value = await self._invoke(kwargs)
             except TimeoutError as exc:
                 if deadline.expired():
                     raise ToolCallError("timeout", f"tool '{name}' timed out after "
@@ -94,6 +94,10 @@ class FunctionTool:
             return self._meta.convert_result(value)
         except Exception as exc:  # noqa: BLE001 - e.g. a return value that cannot be serialized
             return _error_result(name, f"cannot serialize the result: {_describe(exc)}")
+
+
+    def _invoke(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
+        return self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs)
 
 
 def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
@@ -213,8 +217,8 @@ async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> A
 
 
 def _error_result(name: str, message: str) -> CallToolResult:
-    return CallToolResult(is_error=True, content=[TextContent(type="text",
-                                                              text=f"Error executing tool {name}: {message}")])
+    text = f"Error executing tool {name}: {message}"  # the wording MCPServer uses
+    return CallToolResult(is_error=True, content=[TextContent(type="text", text=text)])
 
 
 def _describe(exc: BaseException) -> str:

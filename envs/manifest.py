@@ -47,7 +47,8 @@ import yaml
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       field_validator, model_validator)
 
-from envs.secrets import Substitution, masked_mapping, redact, server_secrets
+from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
+from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -78,52 +79,6 @@ class ToolFilter(BaseModel):
 
     def keeps(self, name: str) -> bool:
         return (self.include is None or name in self.include) and name not in self.exclude
-
-
-class RestartPolicy(BaseModel):
-    """What to do when a server dies: restart it on the next call, with backoff, or give up.
-
-    The first restart after a crash is immediate; each further crash without a successful call
-    in between waits `backoff_s`, then twice that, ... up to `max_backoff_s` (calls meanwhile fail
-    fast). After `max_restarts` consecutive restarts with no successful call (None: no limit;
-    0: `restart: never`) the server stays down and its calls return "crashed" errors.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    max_restarts: int | None = Field(default=None, ge=0)
-    backoff_s: float = Field(default=1.0, ge=0)
-    max_backoff_s: float = Field(default=30.0, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_word(cls, data: Any) -> Any:
-        # `restart: never | on_crash` (or a YAML boolean) for the two policies people ask for.
-        words = {"never": {"max_restarts": 0}, "on_crash": {}, False: {"max_restarts": 0}, True: {}}
-        if isinstance(data, str | bool):
-            if data not in words:
-                raise ValueError(f"expected 'never', 'on_crash' or a mapping, got {data!r}")
-            return words[data]
-        return data
-
-
-class CacheSpec(BaseModel):
-    """A TTL cache of successful results, keyed by tool and canonical JSON arguments.
-
-    Only for deterministic tools: a cached call is not sent to the server again. `tools` limits
-    it to some tools (the server's own names); None caches every tool of the server.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    ttl_s: float = Field(default=300.0, gt=0)
-    max_entries: int = Field(default=1024, ge=1)
-    tools: list[str] | None = None
-
-
-def _cache_shorthand(value: Any) -> Any:
-    # `cache: true` = the defaults; `cache: false` = no cache.
-    if value is True:
-        return {}
-    return None if value is False else value
 
 
 class ServerSpec(BaseModel):
@@ -170,7 +125,7 @@ class ServerSpec(BaseModel):
     @field_validator("cache", mode="before")
     @classmethod
     def _cache_words(cls, value: Any) -> Any:
-        return _cache_shorthand(value)
+        return cache_shorthand(value)
 
     @field_validator("prefix")
     @classmethod
@@ -235,7 +190,7 @@ class FunctionSpec(BaseModel):
     @field_validator("cache", mode="before")
     @classmethod
     def _cache_words(cls, value: Any) -> Any:
-        return _cache_shorthand(value)
+        return cache_shorthand(value)
 
     def tool_prefix(self, source_name: str) -> str:
         return ""  # a function's name is its tool name
@@ -309,6 +264,7 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
             continue
         path = ("mcpServers", name)
         spec._secrets = server_secrets(raw["mcpServers"][name], path, substitutions)
+        protect(spec._secrets)
         servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
     return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir)
 

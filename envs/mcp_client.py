@@ -171,7 +171,8 @@ class MCPServerConnection:
         if self._log_dir is None:
             return tempfile.TemporaryFile()  # anonymous: vanishes on close, still readable for errors
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        return open(self._log_dir / f"{self.name}.log", "ab")
+        # a+: appended by the child, read back by us for the stderr tail of an error message.
+        return open(self._log_dir / f"{self.name}.log", "a+b")
 
     def _filter(self, tools: list[Tool]) -> list[Tool]:
         names = {t.name for t in tools}
@@ -275,8 +276,11 @@ class MCPServerConnection:
         if self._errlog is None or self._errlog.closed:
             return ""
         fd = self._errlog.fileno()
-        size = os.fstat(fd).st_size
-        text = os.pread(fd, STDERR_TAIL_CHARS, max(0, size - STDERR_TAIL_CHARS))
+        try:
+            size = os.fstat(fd).st_size
+            text = os.pread(fd, STDERR_TAIL_CHARS, max(0, size - STDERR_TAIL_CHARS))
+        except OSError:  # diagnostics must never stand in the way of reporting the failure
+            return ""
         lines = self.spec.redact(text.decode("utf-8", "replace")).strip().splitlines()
         return (lines[-1] if last_line else "\n".join(lines)) if lines else ""
 

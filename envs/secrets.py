@@ -9,18 +9,23 @@ A server's secrets are:
     the environment is where keys live);
   * the value of any secret-looking `${VAR}` used elsewhere in the entry (a token in a URL or
     an argument).
-Error messages, logs, the CLI and `repr(ServerSpec)` go through `redact`, which replaces each
-secret with `***`. Values shorter than MIN_SECRET_CHARS are not treated as secrets: masking
-"1" or "on" everywhere would garble messages and protect nothing.
+Error messages, the CLI and `repr(ServerSpec)` go through `redact`, which replaces each secret
+with `***`. Logs too, including other libraries' (the MCP SDK logs the URL it connects to at
+DEBUG level): loading a manifest registers its secrets with a log-record factory that scrubs
+every record's message in this process (`protect`).
+
+Values shorter than MIN_SECRET_CHARS are not treated as secrets: masking "1" or "on" everywhere
+would garble messages and protect nothing.
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 SECRET_NAME = re.compile(r"key|token|secret|passw|auth|credential|cookie|session|private|bearer", re.I)
-MIN_SECRET_CHARS = 4
+MIN_SECRET_CHARS = 6
 MASK = "***"
 # Entry keys whose values are handed to the server as credentials.
 CREDENTIAL_FIELDS = ("env", "headers")
@@ -74,3 +79,31 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 def masked_mapping(values: Mapping[str, str]) -> dict[str, str]:
     """For reprs: keys kept (they say what is configured), values hidden."""
     return {k: v if k in NOT_SECRET_ENV else MASK for k, v in values.items()}
+
+
+_protected: tuple[str, ...] = ()  # every secret of every manifest loaded in this process
+
+
+def protect(secrets: Iterable[str]) -> None:
+    """Scrub `secrets` from every log record created from now on, whoever logs it."""
+    global _protected
+    new = set(secrets) - set(_protected)
+    if not new:
+        return
+    if not _protected:
+        _install_record_factory()
+    _protected = tuple(sorted({*_protected, *new}, key=len, reverse=True))
+
+
+def _install_record_factory() -> None:
+    previous = logging.getLogRecordFactory()
+
+    def scrubbing_factory(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        message = record.getMessage()
+        clean = redact(message, _protected)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return record
+
+    logging.setLogRecordFactory(scrubbing_factory)

@@ -92,6 +92,7 @@ class ToolEnv:
         self._started = False
         self._open = False
         self._start_lock: asyncio.Lock | None = None
+        self._start_error: BaseException | None = None  # a failed start is not retried per call
         self.reset_metrics()
 
     @classmethod
@@ -120,7 +121,7 @@ class ToolEnv:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> ToolEnv:
-        self._open = True  # lazy: servers start on the first list_tools() or call
+        self._open, self._start_error = True, None  # lazy: servers start on first list_tools() or call
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -128,12 +129,16 @@ class ToolEnv:
 
     async def start(self) -> None:
         """Start every source now rather than on first use; raises ToolEnvError on failure."""
-        self._open = True
+        await self.__aenter__()
         await self._ensure_started()
 
     async def stop(self) -> None:
         """Stop every server concurrently (stdio children exit); safe to call twice."""
-        self._started = self._open = False
+        self._open = False
+        await self._stop_sources()
+
+    async def _stop_sources(self) -> None:
+        self._started = False
         await asyncio.gather(*(s.stop() for s in self._sources), return_exceptions=True)
 
     async def list_tools(self) -> list[dict[str, Any]]:
@@ -149,6 +154,8 @@ class ToolEnv:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:  # concurrent first calls: one start, the rest wait for it
+            if isinstance(self._start_error, ToolEnvError):
+                raise ToolEnvError(str(self._start_error))  # each waiter gets the failure, not a retry
             if not self._started:
                 await self._start_all()
 
@@ -157,15 +164,16 @@ class ToolEnv:
         try:
             results = await asyncio.gather(*(s.start() for s in self._sources), return_exceptions=True)
         except asyncio.CancelledError:
-            await self.stop()  # servers that did start must not outlive an abandoned start
+            await self._stop_sources()  # servers that did start must not outlive an abandoned start
             raise
         errors = [r for r in results if isinstance(r, BaseException)] or self._index()
         if errors:
-            await self.stop()
+            await self._stop_sources()
             unexpected = [e for e in errors if not isinstance(e, ToolEnvError | str)]
             if unexpected:
                 raise unexpected[0]
-            raise ToolEnvError("; ".join(str(e) for e in errors))
+            self._start_error = ToolEnvError("; ".join(str(e) for e in errors))
+            raise self._start_error
         self._started = True
 
     def _index(self) -> list[str]:
@@ -221,7 +229,8 @@ class ToolEnv:
             ToolEnvError: this is the first call and a server cannot start (a setup error,
                 not the model's).
         """
-        await self._ensure_started()
+        if not self._started:  # checked inline: this is the hot path of every call
+            await self._ensure_started()
         result = await self._call(call)
         self._record(result)
         return result

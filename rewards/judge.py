@@ -54,6 +54,7 @@ Reply with one JSON object and nothing else:
 PLACEHOLDERS = ("{query}", "{path_a}", "{answer_a}", "{path_b}", "{answer_b}")
 RETRY_STATUS = {408, 409, 425, 429}
 CACHE_SIZE = 100_000  # verdicts kept per judge
+NO_PATH = "(no tool calls)"
 
 
 class JudgeError(RuntimeError):
@@ -101,12 +102,12 @@ def render_path(messages: list[dict]) -> str:
             args = c.get("arguments")
             lines.append(f"  call {c.get('name')}({args if isinstance(args, str) else json.dumps(args)})")
         steps.append("\n".join(lines))
-    return "\n".join(steps) or "(no tool calls)"
+    return "\n".join(steps)
 
 
 def render_prompt(template: str, query: str, a: Candidate, b: Candidate) -> str:
     """Fill the five placeholders by plain replacement (JSON braces in a template need no escaping)."""
-    values = dict(zip(PLACEHOLDERS, (query, a.path, a.answer, b.path, b.answer)))
+    values = dict(zip(PLACEHOLDERS, (query, a.path or NO_PATH, a.answer, b.path or NO_PATH, b.answer)))
     return re.sub("|".join(re.escape(p) for p in PLACEHOLDERS), lambda m: values[m.group(0)], template)
 
 

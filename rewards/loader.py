@@ -9,6 +9,10 @@ A reward is a plain function, sync or async, that names the keyword arguments it
 only the arguments the function names (everything if it takes `**kwargs`), chosen from
 `REWARD_ARGS` plus every column of the dataset row under its own name. Where a column and a
 standard argument share a name (`prompt`, `messages`, `answer`), the standard argument wins.
+Arguments fixed in the config (`RewardFn(fn, bound={...})`) win over both.
+
+`tools` is a `RewardTools` handle on the run's live tool env, so a reward can verify by tool
+(`await tools.call("sql", {"query": ...})` runs the SQL the agent wrote).
 
 A reward returns a float, a dict with a "score" key (the other keys become per-trajectory
 metrics in `reward_info`), or None, which scores 0 and is counted (TRL's "n/a" reward), so a
@@ -21,18 +25,21 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_factory.types import ToolCall, ToolResult
+
 if TYPE_CHECKING:
     from rl_factory.types import Trajectory
 
 REWARD_ARGS = (
-    "completion", "answer", "prompt", "messages", "tool_calls", "tool_results",
-    "sample", "num_turns", "stop_reason",
+    "completion", "answer", "prompt", "messages", "turns", "tool_calls", "tool_results",
+    "sample", "num_turns", "stop_reason", "data_source", "extra_info", "tools",
 )
 
 
@@ -44,6 +51,50 @@ class RewardError(RuntimeError):
     """The reward function raised or returned something that is not a score."""
 
 
+class RewardTools:
+    """The `tools` argument: calls the run's tools (MCP servers and functions of the manifest).
+
+        async def reward(completion, answer, tools, **_):
+            result = await tools.call("run_sql", {"query": completion})
+            return float(result.ok and result.text.strip() == answer)
+
+    Calls get the agent's routing, schema checks, timeouts and caches, but stay out of the env's
+    `tool/*` metrics, which describe the agent; `num_calls` counts them instead.
+
+    Args:
+        env: the live `envs.ToolEnv` (or anything with `async call(ToolCall) -> ToolResult`);
+            None when the caller has none, and then every call raises `RewardError`.
+    """
+
+    def __init__(self, env: Any = None):
+        self.env = env
+        self.num_calls = 0
+
+    @property
+    def names(self) -> list[str]:
+        """The tool names a call may use."""
+        return list(self.env.tool_names) if self.env is not None else []
+
+    async def call(self, name: str, arguments: dict[str, Any] | None = None) -> ToolResult:
+        """Run one tool call; failures come back as a `ToolResult` with `ok` False, never raise.
+
+        Returns:
+            The result: `.text` (what the tool printed), `.ok`, `.error_kind`.
+        """
+        if self.env is None:
+            raise RewardError(f"the reward called tool {name!r} but no tool env was given "
+                              "(pass tools=env to score_trajectories)")
+        arguments = dict(arguments or {})
+        call = ToolCall(name=name, arguments=arguments, raw=json.dumps(arguments, default=str))
+        self.num_calls += 1
+        env = self.env
+        # ToolEnv.call would count this in tool/*; its unrecorded path keeps those the agent's.
+        if hasattr(env, "_call") and hasattr(env, "_ensure_started"):
+            await env._ensure_started()
+            return await env._call(call)
+        return await env.call(call)
+
+
 class RewardFn:
     """A user reward function plus the knowledge of which keyword arguments it takes.
 
@@ -52,26 +103,46 @@ class RewardFn:
         name: shown in error messages; defaults to the function's qualified name.
         run_in_thread: run a sync function via `asyncio.to_thread` so a slow reward (a
             subprocess, a sandbox) does not block the event loop. Async functions ignore it.
+        bound: arguments fixed by the config (e.g. `{"max_tokens": 256}`); they win over the
+            trajectory's arguments and dataset columns of the same name.
+        spec: the spec it was loaded from, so a worker process can load it again.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None,
-                 run_in_thread: bool = False):
+                 run_in_thread: bool = False, bound: dict[str, Any] | None = None,
+                 spec: str | None = None):
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", repr(fn))
         self.run_in_thread = run_in_thread
+        self.bound = dict(bound or {})
+        self.spec = spec
         self.num_none = 0  # how many calls returned None, over the life of this object
         params = inspect.signature(fn).parameters.values()
         self.takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
         named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         self.arg_names = [p.name for p in named]
-        self.required = [p.name for p in named if p.default is p.empty]
+        self.required = [p.name for p in named if p.default is p.empty and p.name not in self.bound]
         positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
         if positional_only:
             raise RewardLoadError(f"reward function {self.name} has positional-only parameters "
                                   f"{positional_only}; rewards are called with keyword arguments")
+        unknown = [k for k in self.bound if k not in self.arg_names]
+        if unknown and not self.takes_any:
+            raise RewardLoadError(f"reward function {self.name} has no parameter {unknown[0]!r} "
+                                  f"(its parameters: {self.arg_names})")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+            getattr(self.fn, "__call__", None))
+
+    def wants(self, arg: str) -> bool:
+        """Whether a call passes `arg` (it is named, or the function takes **kwargs)."""
+        return self.takes_any or arg in self.arg_names
 
     def select_kwargs(self, available: dict[str, Any]) -> dict[str, Any]:
         """Pick from `available` the arguments the function names (all of them for **kwargs)."""
+        available = {**available, **self.bound}
         missing = [n for n in self.required if n not in available]
         if missing:
             raise RewardError(
@@ -79,13 +150,13 @@ class RewardFn:
                 f"reward argument {list(REWARD_ARGS)} nor a dataset column "
                 f"(columns: {_columns(available)})")
         if self.takes_any:
-            return dict(available)
+            return available
         return {n: available[n] for n in self.arg_names if n in available}
 
     async def __call__(self, **available: Any) -> Any:
         """Call the function with the arguments it names; returns its raw result."""
         kwargs = self.select_kwargs(available)
-        if self.run_in_thread and not inspect.iscoroutinefunction(self.fn):
+        if self.run_in_thread and not self.is_async:
             result = await asyncio.to_thread(self.fn, **kwargs)
         else:
             result = self.fn(**kwargs)
@@ -93,30 +164,36 @@ class RewardFn:
             result = await result
         return result
 
-    async def score(self, traj: Trajectory) -> tuple[float, dict[str, Any]]:
-        """Score one trajectory: (reward, reward_info). Lets the function's exceptions through."""
-        value = await self(**reward_kwargs(traj))
+    def to_score(self, value: Any) -> tuple[float, dict[str, Any]]:
+        """(reward, reward_info) from a raw result; None scores 0 and is counted."""
         if value is None:
             self.num_none += 1
             return 0.0, {"reward_none": 1.0}
         return normalize_reward(value)
 
+    async def score(self, traj: Trajectory, tools: Any = None) -> tuple[float, dict[str, Any]]:
+        """Score one trajectory: (reward, reward_info). Lets the function's exceptions through."""
+        return self.to_score(await self(**reward_kwargs(traj, tools)))
 
-def load_reward(spec: str | Callable[..., Any], run_in_thread: bool = False) -> RewardFn:
+
+def load_reward(spec: str | Callable[..., Any], run_in_thread: bool = False,
+                bound: dict[str, Any] | None = None) -> RewardFn:
     """Resolve `path/to/file.py:fn` or `package.module:fn` to a `RewardFn`.
 
     Args:
         spec: the spec string; a callable is wrapped as is.
         run_in_thread: see `RewardFn`.
+        bound: arguments fixed by the config; see `RewardFn`.
 
     Returns:
         The wrapped function.
 
     Raises:
-        RewardLoadError: malformed spec, missing file, failing import, or no such function.
+        RewardLoadError: malformed spec, missing file, failing import, no such function, or a
+            bound argument the function does not take.
     """
     if callable(spec):
-        return RewardFn(spec, run_in_thread=run_in_thread)
+        return RewardFn(spec, run_in_thread=run_in_thread, bound=bound)
     target, sep, fn_name = str(spec).rpartition(":")
     if not sep or not target or not fn_name:
         raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:function' "
@@ -125,12 +202,14 @@ def load_reward(spec: str | Callable[..., Any], run_in_thread: bool = False) -> 
     module = _import_file(target) if is_file else _import_module(target)
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
-        found = sorted(n for n, v in vars(module).items()
-                       if callable(v) and not n.startswith("_") and not inspect.ismodule(v))
+        found = getattr(module, "__all__", None) or [
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
         what = "is not callable" if fn is not None else "not found"
         raise RewardLoadError(f"reward function {fn_name!r} {what} in {target}; "
-                              f"callables there: {found or 'none'}")
-    return RewardFn(fn, name=f"{target}:{fn_name}", run_in_thread=run_in_thread)
+                              f"callables there: {sorted(found) or 'none'}")
+    # Errors name a file spec by its file name: a long absolute path would crowd out the sample.
+    name = f"{Path(target).name if is_file else target}:{fn_name}"
+    return RewardFn(fn, name=name, run_in_thread=run_in_thread, bound=bound, spec=str(spec))
 
 
 def _import_file(target: str):
@@ -172,8 +251,13 @@ def _import_module(target: str):
                               f"{type(exc).__name__}: {exc}") from exc
 
 
-def reward_kwargs(traj: Trajectory) -> dict[str, Any]:
-    """Every argument a reward function may name, for one trajectory."""
+def reward_kwargs(traj: Trajectory, tools: Any = None) -> dict[str, Any]:
+    """Every argument a reward function may name, for one trajectory.
+
+    Args:
+        traj: the finished trajectory.
+        tools: the live tool env (or a `RewardTools` handle) behind the `tools` argument.
+    """
     sample = traj.sample or {}
     available = {k: v for k, v in sample.items() if k not in REWARD_ARGS}
     available.update(
@@ -181,14 +265,29 @@ def reward_kwargs(traj: Trajectory) -> dict[str, Any]:
         answer=sample.get("answer"),
         prompt=prompt_text(traj),
         messages=traj.messages,
-        tool_calls=[{"name": c.name, "arguments": c.arguments} for c in traj.tool_calls],
-        tool_results=[{"name": r.call.name, "text": r.text, "ok": r.ok, "error_kind": r.error_kind}
-                      for r in traj.tool_results],
+        turns=[{"text": t.text, "tool_calls": [_call_dict(c) for c in t.tool_calls],
+                "tool_results": [_result_dict(r) for r in t.tool_results],
+                "num_tokens": len(t.generated_ids)} for t in traj.turns],
+        tool_calls=[_call_dict(c) for c in traj.tool_calls],
+        tool_results=[_result_dict(r) for r in traj.tool_results],
         sample=sample,
         num_turns=len(traj.turns),
         stop_reason=traj.stop_reason,
+        data_source=sample.get("data_source"),
+        extra_info=sample.get("extra_info"),
+        tools=tools if isinstance(tools, RewardTools) else RewardTools(tools),
     )
     return available
+
+
+def _call_dict(call: ToolCall) -> dict[str, Any]:
+    # `error` is set when the call text could not be parsed (arguments is then None).
+    return {"name": call.name, "arguments": call.arguments, "error": call.error}
+
+
+def _result_dict(result: ToolResult) -> dict[str, Any]:
+    return {"name": result.call.name, "text": result.text, "ok": result.ok,
+            "error_kind": result.error_kind}
 
 
 def prompt_text(traj: Trajectory) -> str:
@@ -223,46 +322,6 @@ def normalize_reward(value: Any) -> tuple[float, dict[str, Any]]:
     if not math.isfinite(score):
         raise RewardError(f"reward returned a non-finite score {score}")
     return score, info
-
-
-async def score_trajectories(reward_fn: RewardFn | Callable[..., Any], trajs: list[Trajectory],
-                             max_concurrency: int = 64) -> dict[str, float]:
-    """Set `traj.reward` and `traj.reward_info` of every trajectory, `max_concurrency` at a time.
-
-    Args:
-        reward_fn: from `load_reward` (a plain function is wrapped in a `RewardFn`).
-        trajs: the trajectories to score, modified in place.
-        max_concurrency: bound on concurrently running (async or threaded) reward calls.
-
-    Returns:
-        Batch metrics: `reward/none_count`, how many calls returned None.
-
-    Raises:
-        RewardError: naming the first failing trajectory (in list order) by sample index and
-            prompt, chained to the user function's exception.
-    """
-    if not isinstance(reward_fn, RewardFn):
-        reward_fn = RewardFn(reward_fn)
-    semaphore = asyncio.Semaphore(max_concurrency)
-
-    async def score_one(traj: Trajectory) -> tuple[float, dict[str, Any]]:
-        async with semaphore:
-            return await reward_fn.score(traj)
-
-    # return_exceptions: all calls finish, then the first failure in list order is reported,
-    # so the error names the same sample on every run.
-    results = await asyncio.gather(*(score_one(t) for t in trajs), return_exceptions=True)
-    for traj, result in zip(trajs, results, strict=True):
-        if isinstance(result, BaseException):
-            raise RewardError(
-                f"reward function {reward_fn.name} failed on sample {traj.sample_index} "
-                f"(prompt: {prompt_text(traj)[:80]!r}): {type(result).__name__}: {result}"
-            ) from result
-    none_count = 0
-    for traj, (reward, info) in zip(trajs, results, strict=True):
-        traj.reward, traj.reward_info = reward, info
-        none_count += int("reward_none" in info)
-    return {"reward/none_count": float(none_count)}
 
 
 def _columns(available: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
 from rl_factory.engines.hf import HFEngine
 from rl_factory.rollout import Agent, RolloutConfig
+from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)
 
 
 @dataclass
@@ -41,15 +42,6 @@ class EnvConfig:
 
 
 @dataclass
-class RewardConfig:
-    """`reward.*`: the user's reward function."""
-
-    function: str = "rewards/exact_match.py:numeric_exact_match"
-    success_threshold: float = 1.0
-    max_concurrency: int = 64
-
-
-@dataclass
 class SamplingConfig(RolloutConfig):
     """`rollout.*`: the rollout loop's knobs plus engine-level settings."""
 
@@ -72,10 +64,11 @@ def open_env(cfg: EnvConfig, log_dir: Path | None = None):
     return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir)
 
 
-def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig) -> Agent:
-    engine = HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
-                      pad_token_id=policy.tokenizer.pad_token_id, max_batch_size=rollout_cfg.max_batch_size,
-                      autocast=policy.autocast)
+def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, engine=None) -> Agent:
+    """The rollout agent; generation by the policy itself (embedded engine) unless `engine` is given."""
+    engine = engine or HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
+                                pad_token_id=policy.tokenizer.pad_token_id,
+                                max_batch_size=rollout_cfg.max_batch_size, autocast=policy.autocast)
     loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
     loop_cfg.max_turns = env_cfg.max_turns
     # env.tools is known here: the caller has awaited env.list_tools() (which starts the servers).

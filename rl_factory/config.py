@@ -82,15 +82,22 @@ def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
 
 
 def redacted(cfg: DictConfig | dict) -> dict:
-    """A plain copy of the config with secret-looking values masked, safe to write to config.yaml."""
+    """A plain copy of the config with secret-looking values masked, safe to write to config.yaml.
+
+    Besides secret-looking keys, every value of an inline tool manifest's `env` and `headers`
+    (`mcpServers.<name>.env.*`) is masked: that is where servers get their credentials, under
+    any name.
+    """
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
 
-    def walk(value: Any, key: str = "") -> Any:
+    def walk(value: Any, path: tuple[str, ...] = ()) -> Any:
+        key = path[-1] if path else ""
         if isinstance(value, dict):
-            return {k: walk(v, str(k)) for k, v in value.items()}
+            return {k: walk(v, (*path, str(k))) for k, v in value.items()}
         if isinstance(value, list):
-            return [walk(v, key) for v in value]
-        if SECRET_KEY.search(key) and value not in (None, ""):
+            return [walk(v, path) for v in value]
+        credential = len(path) >= 4 and path[-4] == "mcpServers" and path[-2] in ("env", "headers")
+        if (credential or SECRET_KEY.search(key)) and value not in (None, ""):
             return "***"
         return value
 

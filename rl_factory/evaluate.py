@@ -15,7 +15,7 @@ from typing import Any
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
 from rl_factory.types import Trajectory
-from rewards.loader import score_trajectories
+from rewards.scorer import score_trajectories
 
 
 def summarize(trajs: list[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
@@ -47,8 +47,8 @@ async def evaluate(agent: Agent, reward_fn, rows: list[dict], params: SamplingPa
     """Roll out every row `n` times with `params`, score, and summarize."""
     groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params)
     trajs = [t for g in groups for t in g.trajectories]
-    await score_trajectories(reward_fn, trajs)
-    return summarize(trajs, success_threshold), trajs
+    reward_stats = await score_trajectories(reward_fn, trajs, tools=agent.env)  # rewards may verify by tool
+    return {**summarize(trajs, success_threshold), **reward_stats}, trajs
 
 
 def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:

@@ -11,11 +11,12 @@ from typing import Any
 
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
-from rl_factory.config import section
+from rl_factory.config import ConfigError, section
+from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, write_rollouts
-from rl_factory.policy import ModelConfig, load_policy
-from rewards.loader import load_reward
+from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
+from rewards.combine import build_reward
 
 log = logging.getLogger("rl_factory")
 REPORTED = ["accuracy", "reward/mean", "num_turns/mean", "tool/call_rate", "tool/success_rate"]
@@ -31,6 +32,28 @@ class EvalConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     output_dir: str | None = None
+    engine: str = "hf"
+    base_url: str | None = None
+    served_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+def _embedded(e: EvalConfig, model_cfg: ModelConfig, tools: list[dict], seed: int):
+    """The checkpoint is loaded here and generates with the embedded engine."""
+    return load_policy(model_cfg, tools, seed=seed, log=log.info), None
+
+
+def _served(e: EvalConfig, model_cfg: ModelConfig, tools: list[dict], seed: int):
+    """A vLLM/SGLang server generates; only the tokenizer (chat template) is loaded here."""
+    if not e.base_url:
+        raise ConfigError("eval.base_url is required with eval.engine=openai")
+    policy = load_tokenizer_only(model_cfg, tools, seed=seed, log=log.info)
+    engine = OpenAIEngine(e.base_url, model=e.served_model or model_cfg.path,
+                          eos_token_id=policy.tokenizer.eos_token_id, api_key_env=e.api_key_env)
+    return policy, engine
+
+
+EVAL_ENGINES = {"hf": _embedded, "openai": _served}
 
 
 def run_eval(cfg) -> dict[str, Any]:
@@ -50,12 +73,14 @@ async def _run_eval(cfg) -> dict[str, Any]:
     model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
     env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
     roll_cfg = section(cfg, "rollout", SamplingConfig)
-    reward_fn = load_reward(reward_cfg.function)
+    reward_fn = build_reward(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     out = _output_dir(e, model_cfg.path)
     async with open_env(env_cfg, log_dir=out / "tool_logs") as env:
-        policy = load_policy(model_cfg, await env.list_tools(), seed=int(cfg.seed), log=log.info)
-        agent = build_agent(policy, env, env_cfg, roll_cfg)
+        if e.engine not in EVAL_ENGINES:
+            raise ConfigError(f"eval.engine: unknown engine {e.engine!r} (valid: {', '.join(EVAL_ENGINES)})")
+        policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, await env.list_tools(), int(cfg.seed))
+        agent = build_agent(policy, env, env_cfg, roll_cfg, engine=engine)
         async with closing_engine(agent):
             params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens)
             metrics, trajs = await evaluate(agent, reward_fn, rows, params, reward_cfg.success_threshold, n=e.n)

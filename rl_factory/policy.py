@@ -136,3 +136,15 @@ def _autocast_dtype(name: str, device: torch.device, saved: str) -> torch.dtype 
     if name not in dtypes:
         raise ValueError(f"model.dtype: {name!r} is not one of auto, {', '.join(dtypes)}")
     return dtypes[name]
+
+
+def load_tokenizer_only(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -> Policy:
+    """A policy without weights, for evaluating a model served elsewhere (the `openai` engine)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.path, tools, seed, log=log)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise ValueError(f"model.path: cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}") from None
+    return Policy(None, tokenizer, torch.device("cpu"), None, path)

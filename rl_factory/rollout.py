@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,10 +109,19 @@ class Agent:
                           loss_mask=ctx.mask, logprobs=ctx.logprobs, messages=messages, turns=turns,
                           stop_reason=stop_reason, sample=sample, steps=ctx.steps)
 
-    async def rollout_groups(self, samples: list[dict], indices: list[int], n: int,
-                             params: SamplingParams) -> list[Group]:
-        """All n trajectories of every sample, concurrently; returned grouped by sample."""
-        tasks = [self.rollout(s, i, params) for s, i in zip(samples, indices) for _ in range(n)]
+    async def rollout_groups(self, samples: list[dict], indices: list[int], n: int, params: SamplingParams,
+                             on_done: Callable[[Trajectory], Any] | None = None) -> list[Group]:
+        """All n trajectories of every sample, concurrently; returned grouped by sample.
+
+        `on_done(traj)` is called as each trajectory finishes (the trainer starts scoring it there).
+        """
+        async def rollout_one(sample: dict, index: int) -> Trajectory:
+            traj = await self.rollout(sample, index, params)
+            if on_done is not None:
+                on_done(traj)
+            return traj
+
+        tasks = [rollout_one(s, i) for s, i in zip(samples, indices) for _ in range(n)]
         trajs = await asyncio.gather(*tasks)
         return [Group(i, list(trajs[k * n: (k + 1) * n])) for k, i in enumerate(indices)]
 

@@ -9,6 +9,7 @@ A run killed at any point resumes from its last checkpoint with `trainer.resume=
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -21,7 +22,8 @@ import torch
 from omegaconf import DictConfig
 
 from rl_factory import checkpoint as ckpt
-from rl_factory.algorithms.advantages import compute_advantages, get_advantage
+from rl_factory.algorithms.advantages import AdvantageInputs, estimate, get_advantage, required_inputs
+from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
@@ -33,7 +35,8 @@ from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
-from rewards.loader import load_reward, score_trajectories
+from rewards.combine import build_reward
+from rewards.scorer import RewardScorer
 
 log = logging.getLogger("rl_factory")
 
@@ -72,14 +75,15 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
-    reward_fn = load_reward(reward_cfg.function)
+    reward_fn = build_reward(reward_cfg)  # reward.function, or reward.functions with weights
+    arena = _build_arena(alg, reward_fn)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
 
-    async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env:
+    async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env, arena or contextlib.nullcontext():
         # Servers start here, not on entering: a task without tools starts none.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=optim_cfg.lr,
@@ -93,6 +97,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
+        if arena is not None:
+            arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
 
         async def validate(at_step: int) -> dict[str, float]:
             metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
@@ -113,16 +119,27 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 # 1. Sample a batch of prompts (the sampler's position is checkpointed).
                 indices = sampler.next_indices()
                 samples = [train_rows[i] for i in indices]
-                # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP.
-                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params)
+                # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP. Each one is
+                #    handed to the scorer as it finishes, so rewards run while the others still roll out.
+                scorer = RewardScorer(reward_fn, tools=env, max_concurrency=reward_cfg.max_concurrency)
+                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params, on_done=scorer.submit)
                 trajs = [t for g in groups for t in g.trajectories]
                 t1 = time.perf_counter()
-                # 3. Score every trajectory with the user's reward function.
-                reward_stats = await score_trajectories(reward_fn, trajs, reward_cfg.max_concurrency)
+                # 3. Rewards: wait for the scoring still running (timing/reward_s is only this tail).
+                reward_stats = await scorer.wait(trajs)
                 t2 = time.perf_counter()
                 # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
-                advantages = compute_advantages(alg.advantage, [t.reward for t in trajs],
-                                                [t.sample_index for t in trajs], **alg.advantage_options)
+                #    A ranking estimator (arena) first gets tournament scores: one judged tournament per group.
+                scores, arena_metrics = None, {}
+                if arena is not None:
+                    anchors = (await agent.rollout_groups(samples, indices, 1, val_params)
+                               if arena.needs_greedy_anchor else None)
+                    scores, arena_metrics = await arena.score_groups(groups, step, anchors)
+                    arena_metrics["timing/arena_s"] = time.perf_counter() - t2
+                inputs = AdvantageInputs.build([t.reward for t in trajs],
+                                               [gi for gi, g in enumerate(groups) for _ in g.trajectories],
+                                               scores=scores)
+                advantages = estimate(alg.advantage, inputs, **alg.advantage_options)
                 for traj, adv in zip(trajs, advantages.tolist()):
                     traj.advantage = adv
                 # 5. Policy update with the registered policy loss.
@@ -130,7 +147,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 t3 = time.perf_counter()
                 # 6. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
-                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine),
+                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics,
                            "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/update_s": t3 - t2}
                 if t_cfg.save_rollouts:
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)
@@ -149,6 +166,23 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             progress.close()
         tracker.close()
     return run.finish(history, step)
+
+
+def _build_arena(alg: AlgorithmConfig, reward_fn) -> GroupArena | None:
+    """The tournament runner when the estimator needs tournament scores, else None.
+
+    Also refuses, up front, an estimator needing inputs the embedded trainer does not compute.
+    """
+    needs = set(required_inputs(alg.advantage))
+    if needs - {"scores"}:
+        raise ConfigError(f"algorithm.advantage={alg.advantage} needs {sorted(needs - {'scores'})}, which the "
+                          "embedded trainer does not compute (it has no critic)")
+    if "scores" not in needs:
+        return None
+    try:
+        return GroupArena(alg.arena, reward_fn)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"algorithm.arena: {exc.args[0]}") from None
 
 
 def _engine_metrics(engine) -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.types import Trajectory
 
@@ -32,6 +33,7 @@ class AlgorithmConfig:
     loss_agg: str = "token_mean"
     kl_coef: float = 0.0
     kl_kind: str = "low_var_kl"
+    arena: ArenaConfig = field(default_factory=ArenaConfig)
 
 
 @dataclass

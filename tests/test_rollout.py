@@ -36,6 +36,7 @@ def anyio_backend():
 @pytest.fixture(scope="module")
 async def env():
     async with ToolEnv.from_manifest(CALCULATOR_MANIFEST) as tool_env:
+        await tool_env.list_tools()  # servers start lazily; the tests read env.tools
         yield tool_env
 
 

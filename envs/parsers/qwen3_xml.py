@@ -10,12 +10,16 @@
 
 Like vLLM's `qwen3_coder` parser, the newline after `<parameter=k>` and before `</parameter>` is
 not part of the value, a missing `</parameter>` ends at the next tag, and an unterminated last
-block (the token budget ran out) is still parsed. Values are text on the wire, so each is coerced
-to the type the tool's schema declares for that parameter when it parses as JSON (`3` -> 3 for an
-integer, `[1, 2]` -> a list for an array); a string parameter keeps the exact text, and without
-a schema for the parameter (no `tools`, an unknown tool or parameter) the value stays a string
-for the argument check to judge; a parameter whose schema declares no type takes the JSON value. Unlike vLLM, a malformed block yields a call with `error` set
-(the model is told why) while the well-formed calls of the same turn still run.
+block (the token budget ran out) is still parsed.
+
+Values are text on the wire, so each is coerced to the type the tool's schema declares for that
+parameter when it parses as JSON (`3` -> 3 for an integer, `[1, 2]` -> a list for an array). A
+string parameter keeps the exact text; a parameter the parser has no schema for (no `tools`, an
+unknown tool or parameter) stays a string for the argument check to judge; one whose schema
+declares no type takes the JSON value.
+
+Unlike vLLM, a malformed block yields a call with `error` set (the model is told why) while the
+well-formed calls of the same turn still run.
 """
 from __future__ import annotations
 

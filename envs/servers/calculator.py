@@ -17,6 +17,8 @@ import math
 import operator
 from collections.abc import Callable
 
+from envs.servers.stdio import run_stdio
+
 MAX_EXPRESSION_CHARS = 500
 MAX_RESULT_BITS = 4096  # ~1233 decimal digits: longer than any answer a model should read
 FLOAT_DIGITS = 12
@@ -111,8 +113,9 @@ def build_server():
     # WARNING: model mistakes are routine in RL; logging each at INFO would flood the log file.
     server = MCPServer("calculator", log_level="WARNING")
 
+    # async: a sync tool would run in a worker thread per call; evaluate() is bounded and fast.
     @server.tool()
-    def calculator(expression: str) -> str:
+    async def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression with + - * / // % ** and parentheses."""
         try:
             return format_number(evaluate(expression))
@@ -130,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     server = build_server()
     if args.transport == "stdio":
-        server.run()
+        run_stdio(server)  # the SDK's transport, without its per-message thread hops
     else:
         server.run(args.transport, host=args.host, port=args.port)
 

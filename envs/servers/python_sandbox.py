@@ -144,13 +144,13 @@ class _Capture:
         return f"{head}\n[... {dropped} bytes truncated ...]\n{tail}"
 
 
-def detect_network(requested: str) -> tuple[str, list[str]]:
+def detect_network(requested: str, python: str = sys.executable) -> tuple[str, list[str]]:
     """The isolation mode to use and its command prefix; raises RuntimeError if `namespace`
     was asked for and does not work here."""
     if requested != "socket-stub":
         for prefix in NAMESPACE_COMMANDS:
             try:
-                probe = subprocess.run([*prefix, sys.executable, "-c", "pass"], timeout=10,
+                probe = subprocess.run([*prefix, python, "-c", "pass"], timeout=10,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             except (OSError, subprocess.TimeoutExpired):
                 continue
@@ -187,7 +187,7 @@ async def _drain(stream: asyncio.StreamReader, capture: _Capture, on_flood) -> N
 async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
     """Run `code` in a fresh limited process and report what it printed and how it ended."""
     workdir = tempfile.mkdtemp(prefix="rlf-sandbox-")
-    start = time.monotonic()
+    start, proc = time.monotonic(), None
     try:
         proc = await asyncio.create_subprocess_exec(
             *cfg.command(), cwd=workdir, env=_child_env(workdir), start_new_session=True,
@@ -209,7 +209,7 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
             pass  # the child died before reading: its exit status tells why
         try:
             await asyncio.wait_for(proc.wait(), cfg.timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             killed_for.append("timeout")
         _kill_group(proc.pid)  # the timed-out run, or children the code left behind
         await proc.wait()
@@ -217,6 +217,8 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
         for task in pending:
             task.cancel()
     finally:
+        if proc is not None and proc.returncode is None:
+            _kill_group(proc.pid)  # we were cancelled (e.g. the client gave up): no orphan run
         _remove(workdir)
     return RunResult(status=_status(proc.returncode, killed_for), exit_code=proc.returncode,
                      stdout=out.text(), stderr=err.text(), stdout_truncated=out.truncated,
@@ -318,7 +320,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        network, prefix = detect_network(args.network)
+        network, prefix = detect_network(args.network, args.python)
     except RuntimeError as err:
         sys.exit(f"python_sandbox: {err}")
     cfg = SandboxConfig(cpu_seconds=args.cpu_seconds, memory_mb=args.memory_mb,

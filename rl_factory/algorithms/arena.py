@@ -42,7 +42,9 @@ Departures from the reference implementation (Alibaba-NLP/qqr v0.1.3): a correct
 reference credits points to the wrong players after an in-place shuffle); the inside anchor scores 0.5
 against itself (the reference gives it the mean of its matches, on a different scale than the others'
 scores against it); a selectable outside anchor; failures counted instead of silently turned into ties;
-tied ranks share one averaged quantile in every topology.
+tied ranks share one averaged quantile in every topology; a rollout knocked out of a bracket by a tied
+match ranks level with the rollout that advanced (the reference advances the first-listed player and
+ranks by bracket position), so a group the judge cannot tell apart gets no advantage in any topology.
 """
 from __future__ import annotations
 
@@ -62,8 +64,9 @@ TOPOLOGIES: dict[str, TopologyFn] = {}
 FAILURE_POLICIES = ("tie", "skip_group", "stop")
 
 
-class ArenaError(RuntimeError):
-    """A judge failed under `on_judge_failure=stop`, or a tournament was misconfigured."""
+class ArenaError(ValueError):
+    """A judge failed under `on_judge_failure=stop`, a judge returned a non-probability, or a tournament
+    was misconfigured: all things the user fixes (endpoint, judge, config), so the CLI prints one line."""
 
 
 class _SkipGroup(Exception):

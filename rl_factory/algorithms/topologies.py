@@ -2,7 +2,10 @@
 
 Each is `async fn(arena, **options) -> [n] sort keys` (higher is better; equal keys are ties). Rounds
 are played with `arena.play`, which judges a round's matches concurrently. A match scored exactly 0.5
-is a tie; where a bracket needs a winner anyway, the rule is stated in the topology's docstring.
+is a tie; where a bracket needs a winner anyway, the rule is stated in the topology's docstring, and a
+rollout knocked out by a tie ranks level with the rollout that knocked it out (so a judge that cannot
+tell a group's rollouts apart gives them all the same rank, and the group no advantage). The reference
+implementation lets the first-listed player win ties and ranks by bracket position alone.
 """
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ def _bracket_order(size: int) -> list[int]:
 async def single_elimination(arena: Arena, anchor: int = 0) -> list[tuple]:
     """An anchor pass seeds a standard bracket (1 v n, ...; byes for the top seeds when n is not a power
     of two). A tied match goes to the better seed. Key = (elimination round, the champion above all;
-    mean match score, seeding included).
+    seeding score, which every rollout earned against the same anchor).
     """
     n = arena.n
     seed_scores = await _anchor_pass(arena, anchor, "seeding")
@@ -124,7 +127,7 @@ async def single_elimination(arena: Arena, anchor: int = 0) -> list[tuple]:
     seed_of = {p: k for k, p in enumerate(seeds)}
     size = 1 << (n - 1).bit_length()
     slots = [seeds[s - 1] if s <= n else None for s in _bracket_order(size)]
-    out_round = [0] * n
+    out_round, tie_parent = [0] * n, {}
     r = 0
     while len(slots) > 1:
         r += 1
@@ -138,10 +141,26 @@ async def single_elimination(arena: Arena, anchor: int = 0) -> list[tuple]:
             s = results[(a, b)]
             winner = a if s > 0.5 or (s == 0.5 and seed_of[a] < seed_of[b]) else b
             nxt.append(winner)
-            out_round[b if winner == a else a] = r
+            _knock_out(b if winner == a else a, winner, s, r, out_round, tie_parent)
         slots = nxt
     out_round[slots[0]] = r + 1
-    return [(out_round[i], arena.mean_score(i)) for i in range(n)]
+    return _bracket_keys([(out_round[i], seed_scores[i]) for i in range(n)], tie_parent)
+
+
+def _knock_out(loser: int, winner: int, score: float, r: int, out_round: list[int], tie_parent: dict) -> None:
+    out_round[loser] = r
+    if score == 0.5:
+        tie_parent[loser] = winner
+
+
+def _bracket_keys(keys: list[tuple], tie_parent: dict[int, int]) -> list[tuple]:
+    """Rollouts knocked out by a tie take the key of the rollout that knocked them out (transitively)."""
+    def representative(p: int) -> int:
+        while p in tie_parent:  # ends at a rollout not knocked out by a tie (the champion at the latest)
+            p = tie_parent[p]
+        return p
+
+    return [keys[representative(p)] for p in range(len(keys))]
 
 
 def _interleave(first: list[int], second: list[int]) -> list[int]:
@@ -161,7 +180,7 @@ async def double_elimination(arena: Arena) -> list[tuple]:
     """
     n = arena.n
     winners, losers = list(range(n)), []
-    out_round = [0] * n
+    out_round, tie_parent = [0] * n, {}
     r = 0
     while not (len(winners) == 1 and len(losers) == 1):
         r += 1
@@ -172,11 +191,12 @@ async def double_elimination(arena: Arena) -> list[tuple]:
         lost = [b if w == a else a for (a, b), w in zip(wb + lb, beat)]
         winners = beat[:len(wb)] + winners[2 * len(wb):]
         survivors = beat[len(wb):] + losers[2 * len(lb):]
-        for p in lost[len(wb):]:
-            out_round[p] = r
+        for k in range(len(wb), len(wb) + len(lb)):
+            _knock_out(lost[k], beat[k], scores[k], r, out_round, tie_parent)
         losers = _interleave(survivors, lost[:len(wb)])
     (champion_wb,), (champion_lb,) = winners, losers
     s = (await arena.play([(champion_wb, champion_lb)], "grand_final", r + 1))[0]
     first, second = (champion_wb, champion_lb) if s >= 0.5 else (champion_lb, champion_wb)
-    out_round[first], out_round[second] = r + 3, r + 2
-    return [(out_round[i], arena.mean_score(i)) for i in range(n)]
+    out_round[first] = r + 2
+    _knock_out(second, first, s, r + 1, out_round, tie_parent)
+    return _bracket_keys([(out_round[i], arena.mean_score(i)) for i in range(n)], tie_parent)

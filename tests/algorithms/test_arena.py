@@ -167,9 +167,19 @@ def test_a_judge_that_always_ties_gives_no_signal():
 
     for topology in BUDGET:
         result = asyncio.run(run_tournament(topology, 6, judge))
-        if topology in ("anchor", "round_robin", "swiss"):
-            assert result.scores == [0.5] * 6, topology  # ties never broken by rollout index
+        assert result.scores == [0.5] * 6 and result.ranks == [1] * 6, topology  # never broken by index
         assert result.ties == result.judge_calls
+
+
+def test_knocked_out_by_a_tie_ranks_with_the_winner():
+    # Qualities 2 = 2 > 1 = 1. Single elimination (anchor 0): 0 and 1 both reach the final and tie it.
+    # Double elimination: (0, 1) and (2, 3) tie in round 1, and 0 and 1 tie again in the grand final.
+    # Either way the bracket needs a winner, but the one knocked out by the tie ranks level with it.
+    quality = [2, 2, 1, 1]
+    single = asyncio.run(run_tournament("single_elimination", 4, simulated_judge(quality)))
+    assert single.ranks == [1, 1, 3, 3]
+    double = asyncio.run(run_tournament("double_elimination", 4, simulated_judge(quality)))
+    assert double.ranks[:2] == [1, 1] and double.ranks[2:] != [1, 1]
 
 
 def failing_judge(bad_pair):

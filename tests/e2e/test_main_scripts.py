@@ -281,3 +281,48 @@ def test_killed_run_resumes_without_losing_or_repeating_steps(tiny_model_dir, tm
     assert (run / "checkpoints" / "step_000004" / "trainer_state.pt").exists()
     assert not list((run / "checkpoints").glob(".tmp-*"))
     assert no_server_left(marker), calculator_pids(marker)
+
+
+# ---- Ctrl-C, and a server that cannot start ---------------------------------------------------
+
+def test_ctrl_c_ends_the_run_and_its_servers(tiny_model_dir, tmp_path, marked_manifest):
+    manifest, marker = marked_manifest
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text(SLOW_REWARD)
+    run = tmp_path / "run"
+    args = ["bash", "main_grpo.sh", *tiny_overrides(tiny_model_dir, run, manifest), "trainer.total_steps=50",
+            f"reward.function={reward}:reward"]
+    first_step = run / "rollouts" / "step_000001.jsonl"
+    with (tmp_path / "run.log").open("w") as log:
+        proc = subprocess.Popen(args, cwd=REPO, env=script_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            assert wait_until(lambda: first_step.exists() or proc.poll() is not None, SCRIPT_TIMEOUT_S)
+            assert proc.poll() is None and calculator_pids(marker), (tmp_path / "run.log").read_text()[-3000:]
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground group
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    output = (tmp_path / "run.log").read_text()
+    assert proc.returncode == 130, output[-3000:]
+    assert "interrupted" in output and "Traceback" not in output
+    assert no_server_left(marker), calculator_pids(marker)
+
+
+def test_server_command_not_found_names_the_server_and_keeps_secrets(tmp_path):
+    secret = "sk-e2e-" + uuid.uuid4().hex
+    inline = "{mcpServers:{ghost:{command:rlf-no-such-command-xyz,env:{SERVICE_KEY:'${oc.env:RLF_E2E_SECRET}'}}}}"
+    run = tmp_path / "run"
+    result = subprocess.run(["bash", "main_grpo.sh", f"env.tools={inline}", f"trainer.output_dir={run}",
+                             "model.device=cpu"], cwd=REPO, env={**script_env(), "RLF_E2E_SECRET": secret},
+                            capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "MCP server 'ghost' (rlf-no-such-command-xyz) failed to start" in errors[0]
+    assert "Traceback" not in result.stderr
+    written = (run / "config.yaml").read_text() + (run / "train.log").read_text()
+    assert secret not in result.stdout + result.stderr + written
+    assert yaml.safe_load((run / "config.yaml").read_text())["env"]["tools"]["mcpServers"]["ghost"]["env"] == \
+        {"SERVICE_KEY": "***"}

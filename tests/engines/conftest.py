@@ -130,3 +130,29 @@ async def fake_server(server_factory):
     server = make()
     await start(server)
     return server
+
+
+@pytest.fixture
+def threaded_server():
+    """threaded_server() -> a started FakeServer running in its own thread and event loop, for
+    code under test that runs its own `asyncio.run` (the CLI); stopped after the test."""
+    import threading
+    import time
+
+    started = []
+
+    def start() -> FakeServer:
+        server = FakeServer(free_port())
+        runner = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=server.port,
+                                               log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        while not runner.started:
+            time.sleep(0.01)
+        started.append((runner, thread))
+        return server
+
+    yield start
+    for runner, thread in started:
+        runner.should_exit = True
+        thread.join(timeout=10)

@@ -42,3 +42,15 @@ def test_bad_manifest_and_unreachable_server(cli, tmp_path, write_manifest):
         out = cli(*args)
         assert out.returncode == 2
         assert len(out.stderr.splitlines()) == 1 and expected in out.stderr and "Traceback" not in out.stderr
+
+
+def test_readme_tools_example_works_as_written(cli, tmp_path, repo_root):
+    section = (repo_root / "README.md").read_text().split("\n## Tools\n", 1)[1]
+    (tmp_path / "tools.yaml").write_text(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    out = cli("list", tmp_path / "tools.yaml")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("[calculator] calculator__calculator: Evaluate an arithmetic expression")
+    assert lines[2] == "[functions] evaluate: Evaluate an arithmetic expression safely."
+    out = cli("call", tmp_path / "tools.yaml", "evaluate", '{"expression": "6 * 7"}')
+    assert (out.returncode, out.stdout) == (0, "42\n")

@@ -94,13 +94,14 @@ async def test_garbage_on_stdout(tmp_path, write_manifest, fault_server):
         assert all(r.ok for r in after) and after[-1].text == pid  # same process: nothing crashed
 
 
-async def test_command_that_does_not_exist(tmp_path, write_manifest):
+@pytest.mark.parametrize("log_dir", [None, "logs"])
+async def test_command_that_does_not_exist(tmp_path, write_manifest, log_dir):
     path = write_manifest(tmp_path, {"ghost": {"command": "rlf-no-such-command-xyz", "args": ["--serve"]}})
-    env = ToolEnv.from_manifest(path)
+    env = ToolEnv.from_manifest(path, log_dir=log_dir and tmp_path / log_dir)
     with pytest.raises(ToolEnvError, match=r"MCP server 'ghost' \(rlf-no-such-command-xyz --serve\) failed to "
                                            r"start: .*No such file or directory"):
         async with env:
-            await env.list_tools()
+            await asyncio.wait_for(env.list_tools(), 60)
 
 
 def test_cli_names_the_server_whose_command_does_not_exist(tmp_path, write_manifest, repo_root):

@@ -135,8 +135,7 @@ async def test_functions_next_to_servers(tmp_path, slow_server, write_manifest):
     text = path.read_text() + "functions: [my_tools.py:add]\n"
     path.write_text(text)
     async with ToolEnv.from_manifest(path) as env:
-        assert env.tool_names if False else [t["function"]["name"] for t in await env.list_tools()] == \
-            ["sleep", "pid", "add"]
+        assert [t["function"]["name"] for t in await env.list_tools()] == ["sleep", "pid", "add"]
         slept, added = await env.call_batch([ToolCall("sleep", {"seconds": 0.01}), ToolCall("add", {"a": 1})])
         assert (slept.text, slept.server, added.text, added.server) == ("slept 0.01", "slow", "3", "functions")
     path.write_text(text.replace("[my_tools.py:add]", "[my_tools.py:pid]"))

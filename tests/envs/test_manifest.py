@@ -103,3 +103,38 @@ def test_json_http_sse_filters_and_empty(tmp_path, write_manifest):
     assert not servers["old"].tools.keeps("x") and servers["old"].tools.keeps("y")
     assert load_manifest(write_manifest(tmp_path, {})).servers == {}
     assert load_manifest(None).servers == {}
+
+
+def test_restart_cache_prefix_and_functions(tmp_path, write_manifest):
+    path = write_manifest(tmp_path, {
+        "a": {"command": "x", "restart": "never", "cache": True, "prefix": True},
+        "b": {"command": "x", "restart": {"max_restarts": 5, "backoff_s": 0.5}, "cache": {"ttl_s": 60, "tools": ["t"]},
+              "prefix": "web"},
+        "c": {"command": "x", "restart": "on_crash", "cache": False}})
+    path.write_text(path.read_text() + "functions: [pkg.mod:fn, {function: tools.py:f, timeout_s: 2, cache: true}]\n")
+    manifest = load_manifest(path)
+    a, b, c = manifest.servers.values()
+    assert (a.restart.max_restarts, b.restart.max_restarts, c.restart.max_restarts) == (0, 5, None)
+    assert (b.restart.backoff_s, b.restart.max_backoff_s, c.restart.backoff_s) == (0.5, 30.0, 1.0)
+    assert (a.cache.ttl_s, a.cache.max_entries, b.cache.tools, c.cache) == (300.0, 1024, ["t"], None)
+    assert (a.tool_prefix("a"), b.tool_prefix("b"), c.tool_prefix("c")) == ("a__", "web__", "")
+    assert [(f.function, f.timeout_s, f.cache is not None) for f in manifest.functions] == [
+        ("pkg.mod:fn", 30.0, False), ("tools.py:f", 2.0, True)]
+    assert manifest.base_dir == tmp_path
+
+
+def test_new_knob_errors(error_of):
+    assert error_of({"c": {"command": "x", "restart": "sometimes"}}).endswith(
+        "mcpServers.c.restart: expected 'never', 'on_crash' or a mapping, got 'sometimes'")
+    assert "mcpServers.c.restart: unknown key 'max_restart' (did you mean 'max_restarts'?)" in error_of(
+        {"c": {"command": "x", "restart": {"max_restart": 1}}})
+    assert "mcpServers.c.cache: unknown key 'ttl' (did you mean 'ttl_s'?)" in error_of(
+        {"c": {"command": "x", "cache": {"ttl": 1}}})
+    assert "mcpServers.c.prefix: expected true, false or a name" in error_of({"c": {"command": "x", "prefix": "a b"}})
+
+
+def test_function_entry_errors(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text("functions: [{function: m:f, timout_s: 1}]\n")
+    with pytest.raises(ManifestError, match=r"functions\[0\]: unknown key 'timout_s' \(did you mean 'timeout_s'"):
+        load_manifest(path)

@@ -4,6 +4,7 @@ Two servers with small limits: `fast` (the mode --network auto picks here, 1 s C
 time, so a CPU-bound loop can only be stopped by RLIMIT_CPU) and `stub` (the socket-stub mode
 forced, 2 s wall time).
 """
+import asyncio
 import os
 import socket
 import time
@@ -12,7 +13,7 @@ import pytest
 from mcp import Client
 
 from envs import ToolEnv
-from envs.servers.python_sandbox import SandboxConfig, _Capture, build_server, detect_network
+from envs.servers.python_sandbox import SandboxConfig, _Capture, build_server, detect_network, run_code
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -149,6 +150,27 @@ async def test_structured_content():
     data = result.structured_content
     assert (data["status"], data["exit_code"], data["stdout_truncated"], data["stderr"]) == ("error", 2, True, "")
     assert "[... 201 bytes truncated ...]" in data["stdout"] and not result.is_error
+
+
+async def test_cancelled_run_leaves_no_process(tmp_path):
+    pid_file = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    task = asyncio.create_task(run_code(code, SandboxConfig(timeout_s=30)))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if pid_file.exists() and pid_file.read_text():
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    pid = int(pid_file.read_text())
+    for _ in range(40):  # killed at once; reaping may take a moment
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"sandbox process {pid} outlived its cancelled call")
 
 
 def test_capture_keeps_head_and_tail():

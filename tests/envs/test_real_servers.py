@@ -4,8 +4,8 @@
   memory      @modelcontextprotocol/server-memory (npm) through `npx`, stdio
   everything  @modelcontextprotocol/server-everything (npm) in streamableHttp mode, started here
 
-tests/servers/install.sh installs them (CI runs it first); if it has not run, the session
-fixture runs it, so a missing install fails loudly instead of skipping.
+tests/servers/install.sh installs them (CI runs it first); the session fixture runs it again
+(a no-op when up to date), so a missing install is made, or fails loudly, instead of skipping.
 """
 import json
 import os
@@ -54,9 +54,10 @@ CASES = {
 
 @pytest.fixture(scope="session")
 def installed():
-    if not (TIME_BIN.exists() and EVERYTHING_JS.exists()):
-        done = subprocess.run(["bash", str(SERVERS / "install.sh")], capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, f"tests/servers/install.sh failed:\n{done.stdout}\n{done.stderr}"
+    # Always run: it is idempotent (a stamp check, ~0.1 s) and catches a stale install too.
+    done = subprocess.run(["bash", str(SERVERS / "install.sh")], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"tests/servers/install.sh failed:\n{done.stdout}\n{done.stderr}"
+    assert TIME_BIN.exists() and EVERYTHING_JS.exists()
     return SERVERS
 
 

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
 
-from envs import ToolEnv, ToolEnvError
+from envs import ToolEnv, ToolEnvError, get_parser
 from envs.servers.calculator import build_server
 from envs.tool_env import render_result
 from rl_factory.types import ToolCall
@@ -90,6 +90,24 @@ async def test_failures_are_results(env):
     assert env.metrics() == {"tool/calls": 0.0}
 
 
+TURNS = {
+    "hermes": ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}\n</tool_call>',
+               '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'),
+    "qwen3_xml": ("<tool_call>\n<function calculator>\n</tool_call>",
+                  "<tool_call>\n<function=calculator>\n<parameter=expression>\n6*7\n</parameter>\n"
+                  "</function>\n</tool_call>"),
+}
+
+
+@pytest.mark.parametrize("parser", sorted(TURNS))
+async def test_malformed_call_does_not_stop_the_good_one(env, parser):
+    bad, good = TURNS[parser]
+    _, calls = get_parser(parser, tools=env.tools).parse(f"I'll compute.\n{bad}\n{good}<|im_end|>")
+    results = await env.call_batch(calls)
+    assert [r.error_kind for r in results] == ["parse", None]
+    assert results[0].text.startswith("Error: could not parse the tool call:") and results[1].text == "42"
+
+
 async def test_crashed_server_fails_fast_then_restarts(tmp_path, write_manifest, slow_server):
     async with ToolEnv.from_manifest(write_manifest(tmp_path, {"slow": slow_server()})) as env:
         first_pid = (await env.call(ToolCall("pid", {}))).text
@@ -117,11 +135,12 @@ async def test_duplicate_tool_names_both_servers(tmp_path, write_manifest, slow_
             await env.list_tools()
 
 
-async def test_server_that_cannot_start(tmp_path, write_manifest):
+@pytest.mark.parametrize("log_dir", [None, "logs"])
+async def test_server_that_cannot_start(tmp_path, write_manifest, log_dir):
     path = write_manifest(tmp_path, {"broken": {"command": "python", "args": ["-m", "envs.servers.nope"]}})
     with pytest.raises(ToolEnvError, match=r"MCP server 'broken' .* failed to start: .*No module named"):
-        async with ToolEnv.from_manifest(path) as env:
-            await env.list_tools()
+        async with ToolEnv.from_manifest(path, log_dir=log_dir and tmp_path / log_dir) as env:
+            await asyncio.wait_for(env.list_tools(), 60)  # the stderr tail is read back from the log
 
 
 async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
@@ -208,6 +227,14 @@ async def test_lazy_start_happens_once(tmp_path, write_manifest, slow_server):
         assert marked_pids(marker) == {int(results[0].text)}
         assert [t["function"]["name"] for t in await env.list_tools()] == env.tool_names
     assert marked_pids(marker) == set()
+
+
+async def test_failed_start_is_reported_to_every_first_caller_once(tmp_path, write_manifest):
+    path = write_manifest(tmp_path, {"broken": {"command": "python", "args": ["-m", "envs.servers.nope"]}})
+    async with ToolEnv.from_manifest(path, log_dir=tmp_path / "logs") as env:
+        outcomes = await asyncio.gather(*(env.call(ToolCall("x", {})) for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(o, ToolEnvError) and "MCP server 'broken'" in str(o) for o in outcomes)
+    assert (tmp_path / "logs" / "broken.log").read_text().count("No module named") == 1  # started once
 
 
 async def test_no_manifest_starts_nothing_and_calls_need_async_with(tmp_path, write_manifest, slow_server):

@@ -4,14 +4,17 @@ import threading
 
 import pytest
 
+from envs import ToolEnv
 from rewards.loader import (
+    REWARD_ARGS,
     RewardError,
     RewardFn,
     RewardLoadError,
+    RewardTools,
     load_reward,
     reward_kwargs,
-    score_trajectories,
 )
+from rewards.scorer import score_trajectories
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 
 
@@ -62,7 +65,8 @@ def test_only_named_kwargs_are_passed():
 
     asyncio.run(RewardFn(reward).score(make_traj(difficulty="hard")))
     assert seen == {"completion": "The answer is 42.",
-                    "tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}],
+                    "tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"},
+                                    "error": None}],
                     "num_turns": 2, "difficulty": "hard"}
 
 
@@ -74,8 +78,7 @@ def test_var_kwargs_gets_everything():
         return 0.5
 
     asyncio.run(RewardFn(reward).score(make_traj(difficulty="hard")))
-    assert {"completion", "answer", "prompt", "messages", "tool_calls", "tool_results", "sample",
-            "num_turns", "stop_reason", "difficulty"} <= set(seen)
+    assert set(REWARD_ARGS) | {"difficulty"} <= set(seen)
     assert seen["prompt"] == "What is 6 * 7?"
     assert seen["tool_results"] == [{"name": "calculator", "text": "42", "ok": True,
                                      "error_kind": None}]
@@ -103,7 +106,7 @@ def test_none_scores_zero_and_is_counted():
     trajs = [make_traj("skip"), make_traj("ok"), make_traj("skip")]
     metrics = asyncio.run(score_trajectories(fn, trajs))
     assert [t.reward for t in trajs] == [0.0, 1.0, 0.0]
-    assert metrics == {"reward/none_count": 2.0}
+    assert metrics == {"reward/none_count": 2.0, "reward/errors": 0.0}
     assert fn.num_none == 2
 
 
@@ -155,3 +158,82 @@ def test_load_errors(tmp_path):
     with pytest.raises(RewardLoadError, match="not found"):
         load_reward("no_such_pkg_xyz.rewards:reward")
     assert isinstance(RewardLoadError("x"), ValueError)
+
+
+# ---- the arguments added for tool-using tasks ------------------------------------------------
+
+def test_turns_data_source_and_extra_info():
+    seen = {}
+
+    def reward(turns, data_source, extra_info):
+        seen.update(turns=turns, data_source=data_source, extra_info=extra_info)
+        return 1.0
+
+    fn = RewardFn(reward)
+    asyncio.run(fn.score(make_traj(data_source="gsm8k", extra_info={"split": "train", "index": 3})))
+    assert seen["data_source"] == "gsm8k" and seen["extra_info"] == {"split": "train", "index": 3}
+    assert seen["turns"] == [
+        {"text": "<tool_call>...</tool_call>", "num_tokens": 1,
+         "tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}, "error": None}],
+         "tool_results": [{"name": "calculator", "text": "42", "ok": True, "error_kind": None}]},
+        {"text": "The answer is 42.", "num_tokens": 1, "tool_calls": [], "tool_results": []},
+    ]
+    asyncio.run(fn.score(make_traj()))  # a dataset without those columns: None, not an error
+    assert seen["data_source"] is None and seen["extra_info"] is None
+
+
+def test_bound_arguments_win_and_are_checked():
+    fn = RewardFn(lambda completion, limit: float(len(completion) <= limit), bound={"limit": 5})
+    assert asyncio.run(fn.score(make_traj("short", limit=1000))) == (1.0, {})  # not the column
+    with pytest.raises(RewardLoadError, match="no parameter 'limt'.*\\['completion', 'limit'\\]"):
+        RewardFn(lambda completion, limit: 0.0, bound={"limt": 5})
+    fn = load_reward("rewards.exact_match:numeric_exact_match", bound={"answer": "7"})
+    assert asyncio.run(fn.score(make_traj("it is 7"))) == (1.0, {})
+
+
+SQL_TOOL = '''
+import sqlite3
+
+DB = sqlite3.connect(":memory:", check_same_thread=False)
+DB.executescript("CREATE TABLE t (city TEXT, pop INT);"
+                 "INSERT INTO t VALUES ('Oslo', 700), ('Bergen', 290);")
+
+
+def run_sql(query: str) -> str:
+    """Run a SQL query and return the rows, one per line."""
+    return "\\n".join(",".join(map(str, row)) for row in DB.execute(query).fetchall())
+'''
+
+SQL_REWARD = '''
+async def reward(completion, answer, tools):
+    result = await tools.call("run_sql", {"query": completion})
+    return float(result.ok and result.text == answer)
+'''
+
+
+def test_tools_handle_verifies_by_calling_a_tool(tmp_path):
+    write(tmp_path / "sql_tools.py", SQL_TOOL)
+    write(tmp_path / "sql_reward.py", SQL_REWARD)
+    fn = load_reward(f"{tmp_path / 'sql_reward.py'}:reward")
+    trajs = [make_traj("SELECT pop FROM t WHERE city = 'Oslo'", answer="700"),
+             make_traj("SELECT pop FROM t WHERE city = 'Bergen'", answer="700"),
+             make_traj("SELEC nonsense", answer="700")]
+
+    async def main():
+        async with ToolEnv.from_manifest({"functions": [f"{tmp_path / 'sql_tools.py'}:run_sql"]}) as env:
+            await env.list_tools()
+            await score_trajectories(fn, trajs, tools=env)
+            return env.metrics()
+
+    env_metrics = asyncio.run(main())
+    assert [t.reward for t in trajs] == [1.0, 0.0, 0.0]  # the bad SQL is a failed result, not a crash
+    assert env_metrics["tool/calls"] == 0  # the agent's tool metrics do not count the reward's calls
+
+
+def test_tools_without_an_env_is_a_clear_error():
+    async def reward(tools):
+        return (await tools.call("run_sql", {"query": "SELECT 1"})).text
+
+    with pytest.raises(RewardError, match="no tool env was given"):
+        asyncio.run(score_trajectories(RewardFn(reward), [make_traj()]))
+    assert RewardTools().names == []

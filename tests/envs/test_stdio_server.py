@@ -1,0 +1,48 @@
+"""envs.servers.stdio.run_stdio: the SDK's stdio transport fed from asyncio pipes, not threads."""
+import os
+import tempfile
+
+import pytest
+
+from envs import ToolEnv
+from envs.servers.stdio import _is_pipe
+from rl_factory.types import ToolCall
+
+pytestmark = pytest.mark.anyio
+
+SERVER = '''
+from mcp.server.mcpserver import MCPServer
+from envs.servers.stdio import run_stdio
+
+server = MCPServer("echo", log_level="WARNING")
+
+
+@server.tool()
+async def shout(text: str) -> str:
+    print("stray output from a tool")  # must reach stderr, not the JSON-RPC wire
+    return text.upper()
+
+
+run_stdio(server)
+'''
+
+
+async def test_many_calls_big_lines_and_stray_prints(tmp_path, write_manifest):
+    (tmp_path / "echo_server.py").write_text(SERVER)
+    path = write_manifest(tmp_path, {"echo": {"command": "python", "args": [str(tmp_path / "echo_server.py")]}})
+    big = "x" * 200_000  # one request line far past asyncio's default 64 KiB line limit
+    async with ToolEnv.from_manifest(path, log_dir=tmp_path / "logs") as env:
+        results = await env.call_batch([ToolCall("shout", {"text": f"hi {i}"}) for i in range(100)]
+                                       + [ToolCall("shout", {"text": big})])
+    assert [r.text for r in results[:100]] == [f"HI {i}" for i in range(100)]
+    assert results[100].text == big.upper()
+    assert "stray output from a tool" in (tmp_path / "logs" / "echo.log").read_text()
+
+
+def test_only_pipes_and_sockets_take_the_fast_path():
+    read_fd, write_fd = os.pipe()
+    with tempfile.TemporaryFile() as regular:
+        assert _is_pipe(read_fd) and _is_pipe(write_fd)
+        assert not _is_pipe(regular.fileno())  # files (and terminals) fall back to server.run()
+    os.close(read_fd)
+    os.close(write_fd)
