@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_meta
 from mcp.types import CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
-from envs.manifest import FunctionSpec, Manifest, ManifestError
+from envs.manifest import PROJECT_ROOT, FunctionSpec, Manifest, ManifestError
 from envs.mcp_client import ToolCallError
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
     for i, spec in enumerate(manifest.functions):
         where = f"{manifest.source}: functions[{i}] ({spec.function!r})"
         try:
-            fn = load_function(spec.function, manifest.base_dir)
+            fn = load_function(spec.function, manifest.base_dir, import_roots=[manifest.repo, PROJECT_ROOT])
         except ManifestError as err:
             raise ManifestError(f"{where}: {err}") from None
         try:
@@ -116,9 +116,17 @@ def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
     return tools
 
 
-def load_function(ref: str, base_dir: Path | None = None) -> Callable[..., Any]:
-    """"pkg.module:fn" or "path/file.py:fn" -> the function; ManifestError says what is wrong."""
+def load_function(ref: str, base_dir: Path | None = None,
+                  import_roots: Sequence[Path | None] = ()) -> Callable[..., Any]:
+    """"pkg.module:fn" or "path/file.py:fn" -> the function; ManifestError says what is wrong.
+
+    `import_roots` are appended to sys.path (lowest priority, so nothing is shadowed): the same
+    roots a stdio server gets on its PYTHONPATH, so `examples.x.tools:fn` imports from any cwd.
+    """
     target, _, name = ref.rpartition(":")
+    for root in import_roots:
+        if root is not None and str(root) not in sys.path:
+            sys.path.append(str(root))
     try:
         module = _import_file(target, base_dir) if target.endswith(".py") else importlib.import_module(target)
     except ManifestError:

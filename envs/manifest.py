@@ -223,13 +223,15 @@ class Manifest:
     """The enabled servers and the functions of one manifest, in file order.
 
     `source` names it in error messages; `base_dir` is where relative function files are looked
-    up first (the manifest's directory; the cwd for a mapping).
+    up first (the manifest's directory; the cwd for a mapping); `repo` is the git repository
+    holding the manifest, where "pkg.module:fn" functions are also imported from.
     """
 
     servers: dict[str, ServerSpec] = field(default_factory=dict)
     functions: list[FunctionSpec] = field(default_factory=list)
     source: str = "<empty>"
     base_dir: Path | None = None
+    repo: Path | None = None
 
 
 def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
@@ -266,7 +268,7 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         spec._secrets = server_secrets(raw["mcpServers"][name], path, substitutions)
         protect(spec._secrets)
         servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
-    return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir)
+    return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir, repo=repo)
 
 
 def _read(path: Path) -> Any:

@@ -22,11 +22,12 @@ truncated to one line. With `on_error: zero` it scores 0 instead, its error text
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, load_reward, prompt_text, reward_kwargs
+from rewards.process import ProcessRewardConfig
 
 if TYPE_CHECKING:
     from rl_factory.types import Trajectory
@@ -50,6 +51,7 @@ class RewardConfig:
     on_error: str = "raise"
     executor: str = "inline"
     timeout_s: float | None = None
+    process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
 
 
 @dataclass

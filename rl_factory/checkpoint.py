@@ -50,8 +50,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: dict[str, Any],
-                    keep: int = 0) -> Path:
-    """Write checkpoint `step` atomically, then prune to the newest `keep` (0 keeps all)."""
+                    keep: int = 0, extra: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `step` atomically, then prune to the newest `keep` (0 keeps all).
+
+    `extra` maps file names to objects `torch.save`d next to trainer_state.pt (e.g. value_head.pt).
+    """
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -59,6 +62,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    for name, obj in (extra or {}).items():
+        torch.save(obj, tmp / name)
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step after resume: replace it whole
         shutil.rmtree(final)

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization|bearer)", re.I)
+# Whole key names (or their last "_" part) that hold secrets; "max_total_tokens" or "api_key_env"
+# (the *name* of a variable) are not secrets.
+SECRET_KEY = re.compile(r"^(.*[_-])?(api[_-]?key|token|secret|password|passwd|authorization|bearer|access[_-]?key)$", re.I)
 T = TypeVar("T")
 
 

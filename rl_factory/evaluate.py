@@ -59,7 +59,8 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "answer": traj.sample.get("answer"),
         "reward": traj.reward,
         "reward_info": traj.reward_info,
-        "advantage": traj.advantage,
+        "advantage": traj.advantage,  # gae: the mean of its token advantages
+        "process_rewards": traj.process_rewards,
         "stop_reason": traj.stop_reason,
         "num_turns": len(traj.turns),
         "tool_calls": [{"name": c.name, "arguments": c.arguments, "error": c.error} for c in traj.tool_calls],

@@ -71,9 +71,20 @@ class Policy:
         model = model or self.model
         with self.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        picked = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+        return _pick_logprobs(logits, input_ids)
+
+    def logprobs_and_hidden(self, input_ids: torch.Tensor,
+                            attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sequence_logprobs` plus the last hidden state [B, T, H] from the same forward pass (the critic's input)."""
+        with self.autocast():
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return _pick_logprobs(out.logits, input_ids), out.hidden_states[-1]
+
+
+def _pick_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -28,6 +28,7 @@ from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
+from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
@@ -36,6 +37,7 @@ from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
 from rewards.combine import build_reward
+from rewards.process import ProcessReward
 from rewards.scorer import RewardScorer
 
 log = logging.getLogger("rl_factory")
@@ -76,6 +78,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
     reward_fn = build_reward(reward_cfg)  # reward.function, or reward.functions with weights
+    process = _build_process(reward_cfg)  # per-turn rewards (reward.process); off by default
+    use_critic = _needs_critic(alg, roll_cfg)  # gae: a value head trained alongside the policy
     arena = _build_arena(alg, reward_fn)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
@@ -86,13 +90,18 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env, arena or contextlib.nullcontext():
         # Servers start here, not on entering: a task without tools starts none.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
-        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=optim_cfg.lr,
-                                      weight_decay=optim_cfg.weight_decay)
+        value_head = build_value_head(alg.critic, policy.model) if use_critic else None
+        param_groups = [{"params": list(policy.model.parameters())}]
+        if value_head is not None:  # the critic learns at its own rate
+            param_groups.append({"params": list(value_head.parameters()), "lr": alg.critic.lr})
+        optimizer = torch.optim.AdamW(param_groups, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / max(1, optim_cfg.warmup_steps)))
         ref_model = load_reference(policy.model, alg)  # None unless the KL penalty is on
         step, history = 0, {}
         if resume_from is not None:
+            if value_head is not None:  # before the optimizer state, which holds the head's moments
+                load_value_head(value_head, resume_from)
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
@@ -127,27 +136,36 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 t1 = time.perf_counter()
                 # 3. Rewards: wait for the scoring still running (timing/reward_s is only this tail).
                 reward_stats = await scorer.wait(trajs)
+                if process.enabled:  # per-turn rewards, on each turn's last generated token
+                    per_turn = await asyncio.gather(*(process.score(t) for t in trajs))
+                    reward_stats["reward/process/mean"] = float(np.mean([sum(r) for r in per_turn]))
                 t2 = time.perf_counter()
                 # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
                 #    A ranking estimator (arena) first gets tournament scores: one judged tournament per group.
-                scores, arena_metrics = None, {}
+                #    GAE instead gets the critic's values of every token and gives per-token advantages.
+                scores, arena_metrics, critic_metrics = None, {}, {}
                 if arena is not None:
                     anchors = (await agent.rollout_groups(samples, indices, 1, val_params)
                                if arena.needs_greedy_anchor else None)
                     scores, arena_metrics = await arena.score_groups(groups, step, anchors)
                     arena_metrics["timing/arena_s"] = time.perf_counter() - t2
-                inputs = AdvantageInputs.build([t.reward for t in trajs],
-                                               [gi for gi, g in enumerate(groups) for _ in g.trajectories],
-                                               scores=scores)
-                advantages = estimate(alg.advantage, inputs, **alg.advantage_options)
-                for traj, adv in zip(trajs, advantages.tolist()):
-                    traj.advantage = adv
-                # 5. Policy update with the registered policy loss.
-                actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step)
+                if value_head is not None:
+                    values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
+                    critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
+                else:
+                    inputs = AdvantageInputs.build([process.outcome(t) for t in trajs],
+                                                   [gi for gi, g in enumerate(groups) for _ in g.trajectories],
+                                                   scores=scores)
+                    advantages = estimate(alg.advantage, inputs, **alg.advantage_options)
+                    for traj, adv in zip(trajs, advantages.tolist()):
+                        traj.advantage = adv
+                # 5. Policy update with the registered policy loss (plus the value loss with a critic).
+                actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
+                                      value_head=value_head)
                 t3 = time.perf_counter()
                 # 6. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
-                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics,
+                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics, **critic_metrics,
                            "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/update_s": t3 - t2}
                 if t_cfg.save_rollouts:
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)
@@ -162,7 +180,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "sampler": sampler.state_dict(), "history": history,
-                    }, keep=t_cfg.keep_checkpoints)
+                    }, keep=t_cfg.keep_checkpoints,
+                        extra={VALUE_HEAD_FILE: value_head.state_dict()} if value_head is not None else None)
             progress.close()
         tracker.close()
     return run.finish(history, step)
@@ -173,16 +192,41 @@ def _build_arena(alg: AlgorithmConfig, reward_fn) -> GroupArena | None:
 
     Also refuses, up front, an estimator needing inputs the embedded trainer does not compute.
     """
-    needs = set(required_inputs(alg.advantage))
+    needs = set(required_inputs(alg.advantage)) - CRITIC_INPUTS
     if needs - {"scores"}:
         raise ConfigError(f"algorithm.advantage={alg.advantage} needs {sorted(needs - {'scores'})}, which the "
-                          "embedded trainer does not compute (it has no critic)")
+                          "embedded trainer does not compute")
     if "scores" not in needs:
         return None
     try:
         return GroupArena(alg.arena, reward_fn)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"algorithm.arena: {exc.args[0]}") from None
+
+
+# What the embedded trainer computes for a token-level estimator from its critic (rl_factory/critic.py).
+CRITIC_INPUTS = {"values", "response_mask", "token_rewards"}
+
+
+def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
+    if "values" not in required_inputs(alg.advantage):
+        return False
+    if alg.advantage != "gae":
+        raise ConfigError(f"algorithm.advantage={alg.advantage} needs critic values; the embedded critic "
+                          "only drives gae")
+    if roll_cfg.context != "append":
+        raise ConfigError(f"algorithm.advantage=gae needs rollout.context=append (got {roll_cfg.context!r}): "
+                          "the critic scores one token sequence per trajectory")
+    if alg.critic.type != "value_head":
+        raise ConfigError(f"algorithm.critic.type: unknown critic {alg.critic.type!r} (valid: value_head)")
+    return True
+
+
+def _build_process(reward_cfg: RewardConfig) -> ProcessReward:
+    try:
+        return ProcessReward(reward_cfg.process)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _engine_metrics(engine) -> dict[str, float]:

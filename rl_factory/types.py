@@ -93,6 +93,13 @@ class Trajectory:
     reward_info: dict[str, Any] = field(default_factory=dict)
     advantage: float | None = None
     steps: list[Step] = field(default_factory=list)  # only with the `step` context policy
+    # One process reward per turn (reward.process), placed on the turn's last generated token.
+    process_rewards: list[float] = field(default_factory=list)
+    # Token-level estimators (gae) only, aligned with token_ids: per-token advantages, the critic's
+    # values before the update, and its targets. None on the outcome-estimator path.
+    token_advantages: list[float] | None = None
+    old_values: list[float] | None = None
+    returns: list[float] | None = None
 
     def training_samples(self) -> list[Trajectory | Step]:
         """What the update trains on: the whole sequence, or (step policy) each turn's sample."""

@@ -18,6 +18,7 @@ import torch
 
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
+from rl_factory.critic import CriticConfig, value_loss
 from rl_factory.types import Trajectory
 
 
@@ -34,6 +35,7 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     kl_kind: str = "low_var_kl"
     arena: ArenaConfig = field(default_factory=ArenaConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
 
 @dataclass
@@ -50,7 +52,10 @@ class OptimConfig:
 
 
 def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-pad trajectories into tensors: ids/attention/loss mask/old log-probs [B, T], advantages [B]."""
+    """Right-pad trajectories into tensors: ids/attention/loss mask/old log-probs [B, T], advantages [B].
+
+    Trajectories carrying `token_advantages` (gae) give advantages [B, T] plus old_values/returns [B, T].
+    """
     width = max(len(t.token_ids) for t in trajs)
     rows = len(trajs)
     batch = {
@@ -65,7 +70,13 @@ def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[
         batch["attention_mask"][i, :n] = 1
         batch["loss_mask"][i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         batch["old_logprobs"][i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
-    batch["advantages"] = torch.tensor([t.advantage for t in trajs], dtype=torch.float32)
+    if getattr(trajs[0], "token_advantages", None) is not None:
+        for key, attr in (("advantages", "token_advantages"), ("old_values", "old_values"), ("returns", "returns")):
+            batch[key] = torch.zeros((rows, width), dtype=torch.float32)
+            for i, t in enumerate(trajs):
+                batch[key][i, :len(t.token_ids)] = torch.tensor(getattr(t, attr), dtype=torch.float32)
+    else:
+        batch["advantages"] = torch.tensor([t.advantage for t in trajs], dtype=torch.float32)
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -80,12 +91,17 @@ def load_reference(model, alg: AlgorithmConfig):
 
 
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
-                  optim: OptimConfig, ref_model=None, seed: int = 0) -> dict[str, float]:
-    """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics."""
+                  optim: OptimConfig, ref_model=None, seed: int = 0, value_head=None) -> dict[str, float]:
+    """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics.
+
+    With a `value_head` (gae) the clipped value loss (`alg.critic`) is added, every trajectory trains
+    (token advantages are rarely all 0) and critic/* metrics are returned too.
+    """
     if alg.kl_coef > 0 and ref_model is None:
         raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
     # One sample per trajectory, or one per turn with the `step` context policy.
-    train = [s for t in trajs if t.advantage != 0.0 or alg.kl_coef > 0 for s in t.training_samples()]
+    keep = [t.advantage != 0.0 or alg.kl_coef > 0 or value_head is not None for t in trajs]
+    train = [s for t, k in zip(trajs, keep) if k for s in t.training_samples()]
     if not train:
         return {"actor/trained_fraction": 0.0}
     loss_fn = get_policy_loss(alg.policy_loss)
@@ -93,6 +109,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     pad_id = policy.tokenizer.pad_token_id
     totals: dict[str, list[float]] = {}
     policy.model.train()
+    params = list(policy.model.parameters())
     for _ in range(optim.ppo_epochs):
         order = train[:]
         rng.shuffle(order)
@@ -104,7 +121,10 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
             for m0 in range(0, len(mini), optim.micro_batch_size):
                 micro = mini[m0: m0 + optim.micro_batch_size]
                 b = collate(micro, pad_id, policy.device)
-                logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
+                if value_head is None:
+                    logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
+                else:
+                    logprobs, hidden = policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
                 loss, stats = loss_fn(logprobs, b["old_logprobs"], b["advantages"], b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
@@ -114,6 +134,11 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                     kl = aggregate_loss(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"], alg.loss_agg)
                     loss = loss + alg.kl_coef * kl
                     stats["kl"] = float(kl.detach())
+                if value_head is not None:
+                    vf_loss, vf_stats = value_loss(value_head(hidden), b["old_values"], b["returns"],
+                                                   b["loss_mask"], alg.critic.cliprange_value)
+                    loss = loss + alg.critic.vf_coef * vf_loss
+                    stats.update({f"critic/{k}": v for k, v in vf_stats.items()})
                 # Weight each micro-batch by its share of the mini-batch so accumulation gives the
                 # same gradient as one big batch (by tokens for token_mean, by rows otherwise).
                 share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / len(mini)
@@ -121,13 +146,16 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 stats["loss"] = float(loss.detach())
                 for k, v in stats.items():
                     totals.setdefault(k, []).append(float(v))
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), optim.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
             totals.setdefault("grad_norm", []).append(float(grad_norm))
+            if value_head is not None:  # clipped on its own, as a separate critic model would be
+                vf_norm = torch.nn.utils.clip_grad_norm_(value_head.parameters(), optim.grad_clip)
+                totals.setdefault("critic/grad_norm", []).append(float(vf_norm))
             optimizer.step()
             scheduler.step()
     policy.model.eval()
-    metrics = {f"actor/{k}": sum(v) / len(v) for k, v in totals.items()}
-    metrics["actor/trained_fraction"] = sum(t.advantage != 0.0 or alg.kl_coef > 0 for t in trajs) / len(trajs)
+    metrics = {(k if k.startswith("critic/") else f"actor/{k}"): sum(v) / len(v) for k, v in totals.items()}
+    metrics["actor/trained_fraction"] = sum(keep) / len(trajs)
     metrics["actor/samples"] = len(train)
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     return metrics

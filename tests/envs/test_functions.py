@@ -174,3 +174,18 @@ def test_cli_lists_functions(manifest, repo_root):
                          timeout=60, cwd="/", env={**os.environ, "PYTHONPATH": str(repo_root)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "[functions] add: Add two integers."
+
+
+def test_module_functions_import_from_the_manifests_repository(tmp_path, repo_root):
+    """Like a stdio server's PYTHONPATH: "pkg.module:fn" resolves in the manifest's git repository."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "rlf_pkg_tools").mkdir()
+    (tmp_path / "rlf_pkg_tools" / "__init__.py").write_text("")
+    (tmp_path / "rlf_pkg_tools" / "mod.py").write_text(TOOLS)
+    (tmp_path / "configs").mkdir()
+    manifest = tmp_path / "configs" / "tools.yaml"
+    manifest.write_text("functions: [rlf_pkg_tools.mod:add]\n")
+    out = subprocess.run([sys.executable, "-m", "envs", "call", str(manifest), "add", '{"a": 40}'],
+                         capture_output=True, text=True, timeout=60, cwd="/",
+                         env={**os.environ, "PYTHONPATH": str(repo_root)})
+    assert (out.returncode, out.stdout) == (0, "42\n"), out.stderr

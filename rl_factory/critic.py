@@ -1,0 +1,147 @@
+"""The critic for `algorithm.advantage=gae`: a value head on the policy's last hidden state.
+
+PPO with GAE (Schulman et al., 2017; 2016) normally trains a separate critic model. Here the critic is
+a linear layer on the policy's final hidden state (`critic.type=value_head`), so one forward pass gives
+both the log-probs and the values, and the head trains in its own optimizer param group (`critic.lr`).
+As in verl, the value of token t is read from the hidden state *before* it (position t-1): the value of
+the state in which the token was chosen. Token-level rewards put the outcome reward on a trajectory's
+last generated token and each turn's process reward on that turn's last generated token; GAE skips the
+masked tool-observation tokens (rl_factory/algorithms/advantages.py). The value loss is verl's clipped
+one (`cliprange_value`), weighted by `vf_coef` and averaged over generated tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_factory.algorithms.advantages import AdvantageInputs, estimate, whiten
+from rl_factory.types import Trajectory
+
+VALUE_HEAD_FILE = "value_head.pt"
+CRITIC_TYPES = ("value_head",)
+
+
+@dataclass
+class CriticConfig:
+    """`algorithm.critic.*`: only used by estimators that need values (gae)."""
+
+    type: str = "value_head"
+    lr: float = 1.0e-3
+    cliprange_value: float = 0.5
+    vf_coef: float = 0.5
+
+
+class ValueHead(nn.Module):
+    """hidden [B, T, H] -> values [B, T], shifted so column t is the value of the state before token t."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)  # start at V = 0: the first advantages are the raw returns
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        values = self.linear(hidden.float()).squeeze(-1)
+        return torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
+
+
+def build_value_head(cfg: CriticConfig, model) -> ValueHead:
+    if cfg.type not in CRITIC_TYPES:
+        raise ValueError(f"algorithm.critic.type: unknown critic {cfg.type!r} (valid: {', '.join(CRITIC_TYPES)})")
+    return ValueHead(model.config.hidden_size).to(next(model.parameters()).device)
+
+
+def load_value_head(head: ValueHead, checkpoint: Path) -> None:
+    path = checkpoint / VALUE_HEAD_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {checkpoint} has no {VALUE_HEAD_FILE} (was it trained without a critic?)")
+    head.load_state_dict(torch.load(path, map_location=next(head.parameters()).device))
+
+
+def token_rewards(traj: Trajectory) -> list[float]:
+    """Rewards aligned with `traj.token_ids`: each turn's process reward on its last generated token,
+    plus the outcome reward on the last generated token of the trajectory."""
+    rewards = [0.0] * len(traj.token_ids)
+    ends = turn_end_positions(traj)
+    for pos, r in zip(ends, traj.process_rewards):
+        rewards[pos] += r
+    if ends:
+        rewards[ends[-1]] += float(traj.reward or 0.0)
+    return rewards
+
+
+def turn_end_positions(traj: Trajectory) -> list[int]:
+    """Index in `traj.token_ids` of each turn's last generated token (the append context policy)."""
+    ends, pos = [], len(traj.prompt_ids)
+    for turn in traj.turns:
+        pos += len(turn.generated_ids)
+        if turn.generated_ids:
+            ends.append(pos - 1)
+        pos += len(turn.observation_ids)
+    return ends
+
+
+@torch.no_grad()
+def compute_values(policy, head: ValueHead, trajs: list[Trajectory], micro_batch_size: int) -> list[list[float]]:
+    """Values of every token of every trajectory under the current critic (no grad)."""
+    from rl_factory.update import collate
+
+    out: list[list[float]] = []
+    policy.model.eval()
+    for start in range(0, len(trajs), micro_batch_size):
+        micro = trajs[start: start + micro_batch_size]
+        b = collate(micro, policy.tokenizer.pad_token_id, policy.device)
+        _, hidden = policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
+        values = head(hidden).cpu()
+        out.extend(values[i, :len(t.token_ids)].tolist() for i, t in enumerate(micro))
+    return out
+
+
+def assign_gae(trajs: list[Trajectory], values: list[list[float]], gamma: float = 1.0, lam: float = 1.0,
+               whiten_advantages: bool = True) -> dict[str, float]:
+    """GAE token advantages and returns onto each trajectory; returns critic/* metrics.
+
+    Sets `token_advantages`, `old_values` and `returns` (aligned with token_ids, 0 off generated
+    tokens) and `advantage` (the mean token advantage, for logging and the rollout records).
+    """
+    width = max(len(t.token_ids) for t in trajs)
+    def pad(rows):
+        return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float64)
+    mask = pad([[float(m) for m in t.loss_mask] for t in trajs])
+    v = pad(values)
+    inputs = AdvantageInputs.build([t.reward or 0.0 for t in trajs], list(range(len(trajs))),
+                                   token_rewards=pad([token_rewards(t) for t in trajs]), values=v, response_mask=mask)
+    raw = estimate("gae", inputs, gamma=gamma, lam=lam, whiten_advantages=False)
+    returns = (raw + v) * mask
+    adv = whiten(raw, mask) * mask if whiten_advantages else raw
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        t.token_advantages, t.old_values, t.returns = adv[i, :n].tolist(), v[i, :n].tolist(), returns[i, :n].tolist()
+        t.advantage = float(adv[i].sum() / mask[i].sum().clamp(min=1))
+    return {"critic/values_mean": float((v * mask).sum() / mask.sum().clamp(min=1)),
+            "critic/returns_mean": float(returns.sum() / mask.sum().clamp(min=1)),
+            "critic/vf_explained_var": explained_variance(v, returns, mask)}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the masked tokens (1 = perfect critic)."""
+    n = mask.sum().clamp(min=1)
+    def var(x):
+        mean = (x * mask).sum() / n
+        return ((x - mean) ** 2 * mask).sum() / n
+    denom = var(returns)
+    return float(1 - var(returns - values) / denom) if denom > 1e-12 else 0.0
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               cliprange_value: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), token mean."""
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    losses = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    n = mask.sum().clamp(min=1)
+    loss = 0.5 * (losses * mask).sum() / n
+    clipfrac = (((clipped - returns) ** 2 > (values - returns) ** 2).float() * mask).sum() / n
+    return loss, {"value_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac)}

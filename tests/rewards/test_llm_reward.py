@@ -1,0 +1,187 @@
+"""The pointwise LLM judge reward against a small OpenAI-compatible server started here.
+
+The server reads a mode from the rubric (the tests' template starts `MODE <mode>`) and replies with a
+score in some form, garbage, HTTP errors or a flaky start.
+"""
+import asyncio
+import re
+import socket
+import threading
+import time
+from collections import Counter
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from rewards.combine import RewardConfig, build_reward
+from rewards.judge import JudgeError
+from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, llm_judge, parse_score, render_rubric
+from rl_factory.types import Trajectory, Turn
+
+TEMPLATE = "MODE {question}\nREF {reference}\nPATH {path}\nANSWER {answer}"
+REPLIES = {"json": '{"reason": "fine", "score": 7}', "fraction": 'Here: {"score": 0.7}',
+           "slash": "The answer is right but terse.\nScore: 7/10", "brackets": "Rating: [[8]]",
+           "garbage": "I would rather not grade this."}
+
+
+class FakeEndpoint:
+    def __init__(self):
+        self.requests = Counter()
+        self.in_flight = self.peak = 0
+        self.prompts: list[str] = []
+
+    async def chat(self, request: Request):
+        body = await request.json()
+        prompt = body["messages"][-1]["content"]
+        self.prompts.append(prompt)
+        mode = re.match(r"MODE (\S+)", prompt).group(1)
+        self.requests[mode] += 1
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(0.02)
+            if mode == "error500" or (mode == "flaky" and self.requests[mode] <= 2):
+                return JSONResponse({"error": "boom"}, status_code=500)
+            content = REPLIES.get(mode, '{"score": 10}')
+            return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    fake = FakeEndpoint()
+    app = Starlette(routes=[Route("/v1/chat/completions", fake.chat, methods=["POST"])])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    yield fake
+    server.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+def make_reward(endpoint, **overrides) -> LLMReward:
+    cfg = dict(model="fake-judge", base_url=endpoint.base_url, prompt=TEMPLATE, backoff_s=0.01, max_retries=2,
+               timeout_s=5)
+    return LLMReward(**{**cfg, **overrides})
+
+
+async def score(reward, mode, completion="Paris", **kwargs):
+    try:
+        return await reward(prompt=mode, completion=completion, **kwargs)
+    finally:
+        await reward.aclose()
+
+
+@pytest.mark.parametrize("reply, value", [
+    ('{"reason": "ok", "score": 7}', 0.7), ('{"score": 0.7}', 0.7), ('{"score": 1.0}', 1.0),
+    ('{"score": "8/10"}', 0.8), ("Score: 7/10", 0.7), ("[[8]]", 0.8), ("Rating: 4 out of 5", 0.8),
+    ("Maybe a 3... no. Final score: 9", 0.9), ("score = 85/100", 0.85), ("6", 0.6), ("10/10", 1.0),
+])
+def test_parse_score(reply, value):
+    assert parse_score(reply) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("reply", ["", "no idea", "Score: 12", '{"score": "high"}', "[[11/10]]", "7 apples"])
+def test_parse_score_rejects_garbage(reply):
+    with pytest.raises(ValueError):
+        parse_score(reply)
+
+
+def test_rubric_shows_question_reference_path_and_answer():
+    messages = [{"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": "Searching.", "tool_calls": [
+                    {"function": {"name": "search", "arguments": {"query": "France capital"}}}]},
+                {"role": "tool", "content": "SECRET TOOL OUTPUT"},
+                {"role": "assistant", "content": "<answer>Paris</answer>"}]
+    reward = LLMReward(model="m", base_url="http://127.0.0.1:9/v1")
+    text = render_rubric(reward.template, "Capital of France?", "<answer>Paris</answer>", "call search(...)",
+                         ["Paris", "paris, france"])
+    assert "Paris | paris, france" in text and "call search(...)" in text and '"score": <integer 0-10>' in text
+    assert "(none given)" in render_rubric(DEFAULT_RUBRIC, "q", "a")
+
+
+@pytest.mark.parametrize("mode", ["json", "fraction", "slash"])
+def test_scores_are_normalized(endpoint, mode):
+    assert asyncio.run(score(make_reward(endpoint), mode)) == pytest.approx(0.7)
+
+
+def test_prompt_carries_the_rollout_and_replies_are_cached(endpoint):
+    reward = make_reward(endpoint)
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "search", "arguments": {"query": "x y"}}}]},
+                {"role": "tool", "content": "hits"}, {"role": "assistant", "content": "<answer>Y</answer>"}]
+    before = endpoint.requests["brackets"]
+
+    async def run():
+        first = await reward(prompt="brackets", completion="<answer>Y</answer>", answer=["Y"], messages=messages)
+        again = await reward(prompt="brackets", completion="<answer>Y</answer>", answer=["Y"], messages=messages)
+        await reward.aclose()
+        return first, again
+
+    assert asyncio.run(run()) == (0.8, 0.8)
+    assert endpoint.requests["brackets"] - before == 1 and reward.stats["cache_hits"] == 1
+    assert 'call search({"query": "x y"})' in endpoint.prompts[-1] and "REF Y" in endpoint.prompts[-1]
+    assert "ANSWER <answer>Y</answer>" in endpoint.prompts[-1] and "hits" not in endpoint.prompts[-1]
+
+
+@pytest.mark.parametrize("mode, what", [("garbage", "no score"), ("error500", "HTTP 500")])
+def test_failures_are_retried_then_raised(endpoint, mode, what):
+    before = endpoint.requests[mode]
+    reward = make_reward(endpoint)
+    with pytest.raises(JudgeError, match=f"failed 3 times; last: .*{what}"):
+        asyncio.run(score(reward, mode))
+    assert endpoint.requests[mode] - before == 3 and reward.stats["retries"] == 2
+
+
+def test_flaky_endpoint_recovers(endpoint):
+    reward = make_reward(endpoint)
+    assert asyncio.run(score(reward, "flaky")) == 1.0 and reward.stats["retries"] == 2
+
+
+def test_concurrency_limit(endpoint):
+    reward = make_reward(endpoint, max_concurrency=2)
+    endpoint.peak = 0
+
+    async def run():
+        out = await asyncio.gather(*(reward(prompt="ok", completion=f"answer {i}") for i in range(6)))
+        await reward.aclose()
+        return out
+
+    assert asyncio.run(run()) == [1.0] * 6 and endpoint.peak == 2
+
+
+def _traj(prompt: str, text: str) -> Trajectory:
+    return Trajectory(sample_index=0, prompt_ids=[0], token_ids=[0, 1], loss_mask=[0, 1], logprobs=[0.0, 0.0],
+                      messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": text}],
+                      turns=[Turn(generated_ids=[1], logprobs=[0.0], text=text)], stop_reason="stop",
+                      sample={"prompt": prompt, "answer": ["Paris"]})
+
+
+def test_from_reward_functions_with_on_error(endpoint):
+    kwargs = {"model": "fake-judge", "base_url": endpoint.base_url, "rubric": TEMPLATE, "backoff_s": 0.01,
+              "max_retries": 1}
+    entries = [{"function": "rewards.rules:exact_match", "name": "correct"},
+               {"function": "rewards.llm_reward:llm_judge", "name": "judge", "weight": 0.5, "kwargs": kwargs}]
+    reward = build_reward(RewardConfig(functions=entries, on_error="zero"))
+    good, bad = asyncio.run(_score_both(reward, _traj("slash", "<answer>Paris</answer>"),
+                                        _traj("garbage", "<answer>Rome</answer>")))
+    assert good[0] == pytest.approx(1.35) and good[1]["judge"] == pytest.approx(0.7)
+    assert bad[0] == 0.0 and "no score" in bad[1]["judge/reward_error"]
+    assert llm_judge.__name__ == "llm_judge"
+
+
+async def _score_both(reward, *trajs):
+    return [await reward.score(t) for t in trajs]
