@@ -10,8 +10,8 @@
           kwargs: {model: gpt-4o-mini, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}
 
 `llm_judge` renders a rubric prompt (the question, the reference answer when the row has one, the
-agent's tool-call path and its final answer), sends it through the same `ChatClient` as the pairwise
-arena judge (`rewards.judge`: API key from the environment, concurrency limit, retries with backoff,
+agent's tool-call path and its final answer), sends it through the `ChatClient` (`rewards.chat`) that the
+pairwise arena judge also uses (API key from the environment, concurrency limit, retries with backoff,
 reply cache) and reads a score from the reply, normalized to [0, 1]. One client is kept per distinct
 endpoint configuration, so every call of a run shares its concurrency limit and cache. A reply without a
 parsable score is retried; when none comes after the retries it raises `JudgeError`, and the reward's
@@ -31,7 +31,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from rewards.judge import CACHE_SIZE, NO_PATH, ChatClient, final_answer, render_path
+from rewards.chat import CACHE_SIZE, ChatClient
+from rewards.judge import NO_PATH, final_answer, render_path
 
 DEFAULT_RUBRIC = """\
 You are grading an AI agent's answer to a user request; the agent may have called tools.

@@ -28,7 +28,8 @@ class ProcessRewardConfig:
 class ProcessReward:
     def __init__(self, cfg: ProcessRewardConfig):
         if cfg.outcome_mode not in OUTCOME_MODES:
-            raise ValueError(f"reward.process.outcome_mode: {cfg.outcome_mode!r} is not one of {', '.join(OUTCOME_MODES)}")
+            raise ValueError(f"reward.process.outcome_mode: {cfg.outcome_mode!r} is not one of "
+                             f"{', '.join(OUTCOME_MODES)}")
         self.cfg = cfg
         self.fn = load_reward(cfg.function) if cfg.function else None
 
@@ -40,7 +41,8 @@ class ProcessReward:
         """One reward per turn of `traj` (also stored on `traj.process_rewards`)."""
         rewards = []
         for i, turn in enumerate(traj.turns):
-            r = self.cfg.tool_error_penalty * sum(not res.ok for res in turn.tool_results)
+            failed = sum(not res.ok for res in turn.tool_results)
+            r = self.cfg.tool_error_penalty * failed if failed else 0.0
             if self.fn is not None:
                 try:
                     r += self.fn.to_score(await self.fn(**turn_kwargs(traj, i)))[0]

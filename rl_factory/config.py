@@ -51,6 +51,8 @@ def _explain(message: str, config_dir: Path, name: str) -> str:
     base = OmegaConf.load(config_dir / f"{name}.yaml")
     node = OmegaConf.select(base, parent) if parent else base
     hint = ""
+    if isinstance(node, DictConfig) and len(node) == 0:  # an open mapping such as advantage_options
+        return f"{parent} takes free-form options: add {leaf} with +{key}=..."
     if isinstance(node, DictConfig):
         close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
         hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""

@@ -87,14 +87,17 @@ def turn_end_positions(traj: Trajectory) -> list[int]:
 @torch.no_grad()
 def compute_values(policy, head: ValueHead, trajs: list[Trajectory], micro_batch_size: int) -> list[list[float]]:
     """Values of every token of every trajectory under the current critic (no grad)."""
-    from rl_factory.update import collate
-
     out: list[list[float]] = []
     policy.model.eval()
     for start in range(0, len(trajs), micro_batch_size):
         micro = trajs[start: start + micro_batch_size]
-        b = collate(micro, policy.tokenizer.pad_token_id, policy.device)
-        _, hidden = policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
+        width = max(len(t.token_ids) for t in micro)
+        ids = torch.full((len(micro), width), policy.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, t in enumerate(micro):
+            ids[i, :len(t.token_ids)] = torch.tensor(t.token_ids)
+            attention[i, :len(t.token_ids)] = 1
+        _, hidden = policy.logprobs_and_hidden(ids.to(policy.device), attention.to(policy.device))
         values = head(hidden).cpu()
         out.extend(values[i, :len(t.token_ids)].tolist() for i, t in enumerate(micro))
     return out

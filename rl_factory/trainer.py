@@ -3,6 +3,8 @@
 `train()` reads top to bottom like the algorithm:
   for each step: sample prompts -> n async multi-turn rollouts per prompt (tools via MCP) ->
   reward -> group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
+With `algorithm.advantage=gae` a value head (rl_factory/critic.py) values every token before the
+update, GAE gives per-token advantages, and the clipped value loss joins the policy loss.
 Validation (greedy by default) runs at step 0, every `trainer.eval_every` steps and at the end.
 A run killed at any point resumes from its last checkpoint with `trainer.resume=auto`.
 """
@@ -102,6 +104,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         if resume_from is not None:
             if value_head is not None:  # before the optimizer state, which holds the head's moments
                 load_value_head(value_head, resume_from)
+                log.info("restored the value head from %s", resume_from / VALUE_HEAD_FILE)
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
@@ -165,7 +168,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 t3 = time.perf_counter()
                 # 6. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
-                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics, **critic_metrics,
+                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics,
+                           **critic_metrics,
                            "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/update_s": t3 - t2}
                 if t_cfg.save_rollouts:
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)

@@ -72,7 +72,8 @@ def test_arena_outside_anchors(tiny_model_dir, tmp_path, topology, anchor, calls
     (["algorithm.advantage=arena", "algorithm.arena.topology=swis"], ["unknown tournament topology 'swis'",
                                                                        "round_robin"]),
     (["algorithm.advantage=arena", "algorithm.arena.judge.type=gpt"], ["unknown judge type 'gpt'"]),
-    (["algorithm.advantage=gae"], ["algorithm.advantage=gae needs", "critic"]),
+    # gae trains a critic over one token sequence per trajectory: the step context policy is refused.
+    (["algorithm.advantage=gae", "rollout.context=step"], ["algorithm.advantage=gae needs", "rollout.context=append"]),
 ])
 def test_arena_config_errors_fail_fast(tiny_model_dir, tmp_path, overrides, expected):
     manifest, marker = marked_calculator_manifest(tmp_path)

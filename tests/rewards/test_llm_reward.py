@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from rewards.combine import RewardConfig, build_reward
-from rewards.judge import JudgeError
+from rewards.chat import ChatClient, JudgeError
 from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, llm_judge, parse_score, render_rubric
 from rl_factory.types import Trajectory, Turn
 
@@ -185,3 +185,24 @@ def test_from_reward_functions_with_on_error(endpoint):
 
 async def _score_both(reward, *trajs):
     return [await reward.score(t) for t in trajs]
+
+
+def test_chat_client_returns_text_and_survives_a_new_event_loop(endpoint):
+    client = ChatClient(endpoint.base_url, "fake-judge", api_key_env=None, backoff_s=0.01, max_retries=1)
+    messages = [{"role": "user", "content": "MODE slash"}]
+    assert asyncio.run(client.chat(messages)) == REPLIES["slash"]
+    # A second asyncio.run: the cache answers, and a new request gets a client bound to the new loop.
+    assert asyncio.run(client.chat(messages)) == REPLIES["slash"] and client.stats["cache_hits"] == 1
+    assert asyncio.run(client.chat([{"role": "user", "content": "MODE json"}])) == REPLIES["json"]
+    asyncio.run(client.aclose())
+    assert client.stats["requests"] == 2
+
+
+def test_factory_in_a_reward_file(endpoint, tmp_path):
+    path = tmp_path / "judge_reward.py"
+    path.write_text("from rewards.llm_reward import make_llm_reward\n"
+                    f"judge = make_llm_reward(model='fake-judge', base_url={endpoint.base_url!r}, "
+                    f"prompt={TEMPLATE!r}, api_key_env=None)\n")
+    reward = build_reward(RewardConfig(function=f"{path}:judge"))
+    value, _ = asyncio.run(reward.score(_traj("brackets", "<answer>Paris</answer>")))
+    assert value == pytest.approx(0.8)

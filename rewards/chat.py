@@ -1,0 +1,120 @@
+"""An OpenAI-compatible chat endpoint as one async call, shared by the model judges: the pairwise arena
+judge (`rewards.judge.LLMJudge`) and the pointwise judge reward (`rewards.llm_reward`).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+RETRY_STATUS = {408, 409, 425, 429}
+CACHE_SIZE = 100_000  # replies (or verdicts) kept per client / judge
+
+
+class JudgeError(RuntimeError):
+    """A judge could not produce a verdict (after its retries)."""
+
+
+class ChatClient:
+    """One OpenAI-compatible chat endpoint, shared by the pairwise `LLMJudge` and the pointwise
+    `rewards.llm_reward` judge: `await client.chat(messages) -> str`.
+
+    An httpx (httpx2) async client posts to `{base_url}/chat/completions` with the API key read from the
+    environment variable `api_key_env` (never from a config), at most `max_concurrency` requests in
+    flight, `max_retries` retries with exponential backoff and jitter on transport errors, HTTP 408/429/5xx
+    and replies `parse` rejects (other 4xx fail at once), and a cache of replies by request (`cache_size`
+    0 turns it off; failures are never cached). The httpx client and the semaphore are rebuilt when the
+    running event loop changes, so one client serves several `asyncio.run` calls.
+
+    Args:
+        stats: a dict to count `requests`, `retries` and `cache_hits` in (shared with a judge's own).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
+                 max_concurrency: int = 8, max_retries: int = 3, backoff_s: float = 1.0,
+                 timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 512,
+                 cache_size: int = CACHE_SIZE, stats: dict[str, int] | None = None):
+        if not model:
+            raise ValueError("an LLM judge needs a model name (the endpoint's model)")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key_env = model, api_key_env
+        self.max_concurrency, self.max_retries, self.backoff_s = max_concurrency, max_retries, backoff_s
+        self.timeout_s, self.temperature, self.max_tokens = timeout_s, temperature, max_tokens
+        self.cache_size = cache_size
+        self._cache: dict[str, str] = {}
+        self.stats = stats if stats is not None else {}
+        for key in ("requests", "retries"):
+            self.stats.setdefault(key, 0)
+        self._client = self._semaphore = self._loop = None
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _bind(self, httpx: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # httpx clients and semaphores belong to one event loop
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._loop = loop
+
+    async def chat(self, messages: list[dict[str, Any]], parse: Callable[[str], Any] | None = None) -> Any:
+        """The assistant's reply to `messages`; with `parse`, `parse(reply)`, retrying when it raises
+        ValueError (a reply without the expected verdict or score).
+
+        Raises:
+            JudgeError: refused (4xx), or still failing after the retries.
+        """
+        httpx = _httpx()
+        self._bind(httpx)
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                "max_tokens": self.max_tokens}
+        key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        if key in self._cache:
+            self.stats["cache_hits"] = self.stats.get("cache_hits", 0) + 1
+            return parse(self._cache[key]) if parse else self._cache[key]
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.stats["retries"] += 1
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+            try:
+                async with self._semaphore:
+                    self.stats["requests"] += 1
+                    response = await self._client.post(self.url, json=body, headers=self._headers())
+                if response.status_code >= 400:
+                    error = f"HTTP {response.status_code}: {response.text[:200]}"
+                    if response.status_code < 500 and response.status_code not in RETRY_STATUS:
+                        raise JudgeError(f"judge endpoint {self.url} refused the request ({error})")
+                    raise ValueError(error)
+                text = response.json()["choices"][0]["message"]["content"] or ""
+                value = parse(text) if parse else text
+            except JudgeError:
+                raise
+            except (httpx.TransportError, ValueError, KeyError, IndexError, TypeError) as exc:
+                last = exc
+                continue
+            if self.cache_size > 0:
+                self._cache[key] = text
+                while len(self._cache) > self.cache_size:  # oldest first (dicts keep insertion order)
+                    del self._cache[next(iter(self._cache))]
+            return value
+        raise JudgeError(f"judge {self.model} at {self.url} failed {self.max_retries + 1} times; "
+                         f"last: {type(last).__name__}: {last}")
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = self._semaphore = self._loop = None
+
+
+def _httpx():
+    try:
+        import httpx2 as httpx  # what the MCP SDK 2.x installs
+    except ImportError:  # pragma: no cover - environments with classic httpx only
+        import httpx
+    return httpx

@@ -1,0 +1,121 @@
+"""The gae critic (value head, token rewards, GAE placement, value loss) and process rewards."""
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from rewards.process import ProcessReward, ProcessRewardConfig
+from rl_factory.config import ConfigError
+from rl_factory.components import SamplingConfig
+from rl_factory.critic import (CriticConfig, ValueHead, assign_gae, build_value_head, compute_values, token_rewards,
+                               turn_end_positions)
+from rl_factory.policy import ModelConfig, load_policy
+from rl_factory.trainer import _needs_critic
+from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
+from rl_factory.update import AlgorithmConfig, OptimConfig, update_policy
+
+
+def two_turn_traj(reward: float = 1.0, prompt_len: int = 3, ids_from: int = 10) -> Trajectory:
+    """prompt (3) | turn 1: 4 generated + 2 observation | turn 2: 3 generated."""
+    ok = ToolResult(ToolCall("add", {"a": 1}), "2")
+    bad = ToolResult(ToolCall("add", None, error="parse"), "error", error_kind="parse")
+    t1 = Turn(generated_ids=[ids_from + i for i in range(4)], logprobs=[-0.5] * 4, text="call",
+              tool_calls=[ok.call, bad.call], tool_results=[ok, bad], observation_ids=[5, 6])
+    t2 = Turn(generated_ids=[ids_from + 4 + i for i in range(3)], logprobs=[-0.5] * 3, text="<answer>2</answer>")
+    prompt = list(range(1, prompt_len + 1))
+    ids = prompt + t1.generated_ids + t1.observation_ids + t2.generated_ids
+    mask = [0] * prompt_len + [1] * 4 + [0] * 2 + [1] * 3
+    return Trajectory(sample_index=0, prompt_ids=prompt, token_ids=ids, loss_mask=mask,
+                      logprobs=[-0.5 * m for m in mask], messages=[], turns=[t1, t2], stop_reason="answer",
+                      reward=reward)
+
+
+def test_process_and_outcome_rewards_sit_on_each_turns_last_generated_token(tmp_path):
+    fn_file = tmp_path / "per_turn.py"
+    fn_file.write_text("def per_turn(text, turn_index):\n    return 0.5 if 'answer' in text else 0.25\n")
+    process = ProcessReward(ProcessRewardConfig(function=f"{fn_file}:per_turn", tool_error_penalty=-0.1))
+    traj = two_turn_traj(reward=1.0)
+    assert asyncio.run(process.score(traj)) == pytest.approx([0.25 - 0.1, 0.5])
+    assert turn_end_positions(traj) == [6, 11]
+    rewards = token_rewards(traj)
+    assert rewards[6] == pytest.approx(0.15) and rewards[11] == pytest.approx(1.5)
+    assert sum(r != 0 for r in rewards) == 2
+    assert process.outcome(traj) == pytest.approx(1.65)
+    ignore = ProcessReward(ProcessRewardConfig(tool_error_penalty=-0.1, outcome_mode="ignore"))
+    assert ignore.outcome(traj) == 1.0
+    with pytest.raises(ValueError, match="outcome_mode"):
+        ProcessReward(ProcessRewardConfig(outcome_mode="mean"))
+
+
+def test_gae_token_advantages_only_on_generated_tokens():
+    trajs = [two_turn_traj(1.0), two_turn_traj(0.0)]
+    trajs[1].process_rewards = [-0.1, 0.0]
+    values = [[0.0] * len(t.token_ids) for t in trajs]
+    metrics = assign_gae(trajs, values, gamma=1.0, lam=1.0, whiten_advantages=False)
+    for t in trajs:
+        assert len(t.token_advantages) == len(t.token_ids) == len(t.returns) == len(t.old_values)
+        assert all(a == 0.0 for a, m in zip(t.token_advantages, t.loss_mask) if not m)
+    # V = 0, gamma = lam = 1: every generated token's advantage is the reward still to come.
+    assert [a for a, m in zip(trajs[0].token_advantages, trajs[0].loss_mask) if m] == pytest.approx([1.0] * 7)
+    assert [a for a, m in zip(trajs[1].token_advantages, trajs[1].loss_mask) if m] == \
+        pytest.approx([-0.1] * 4 + [0.0] * 3)
+    assert {"critic/values_mean", "critic/vf_explained_var"} <= set(metrics)
+    assign_gae(trajs, values)  # whitened by default: still zero off the generated tokens
+    assert all(a == 0.0 for t in trajs for a, m in zip(t.token_advantages, t.loss_mask) if not m)
+
+
+def test_embedded_trainer_accepts_gae_only_with_the_append_context():
+    assert _needs_critic(AlgorithmConfig(advantage="gae"), SamplingConfig())
+    assert not _needs_critic(AlgorithmConfig(advantage="grpo"), SamplingConfig())
+    with pytest.raises(ConfigError, match="rollout.context=append"):
+        _needs_critic(AlgorithmConfig(advantage="gae"), SamplingConfig(context="step"))
+    with pytest.raises(ConfigError, match="critic.type"):
+        _needs_critic(AlgorithmConfig(advantage="gae", critic=CriticConfig(type="model")), SamplingConfig())
+
+
+@pytest.fixture(scope="module")
+def base_policy(tiny_model_dir, calculator_tools):
+    return load_policy(ModelConfig(path=str(tiny_model_dir), device="cpu"), calculator_tools, log=lambda *_: None)
+
+
+def real_traj(policy, reward: float) -> Trajectory:
+    traj = two_turn_traj(reward, ids_from=100 + int(reward * 7))
+    b_ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        lps = policy.sequence_logprobs(b_ids, torch.ones_like(b_ids))[0].tolist()
+    traj.logprobs = [lp * m for lp, m in zip(lps, traj.loss_mask)]
+    return traj
+
+
+def test_value_head_gives_one_value_per_token_shifted_by_one(base_policy):
+    head = build_value_head(CriticConfig(), base_policy.model)
+    torch.nn.init.normal_(head.linear.weight)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+    mask = torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        logprobs, hidden = base_policy.logprobs_and_hidden(ids, mask)
+        values = head(hidden)
+        assert logprobs.shape == values.shape == (2, 5)
+        assert hidden.shape == (2, 5, base_policy.model.config.hidden_size)
+        assert torch.all(values[:, 0] == 0)
+        assert torch.allclose(values[:, 1:], head.linear(hidden[:, :-1]).squeeze(-1))
+    assert isinstance(head, ValueHead)
+
+
+def test_value_loss_decreases_over_updates_on_a_fixed_batch(base_policy):
+    policy = copy.copy(base_policy)
+    policy.model = copy.deepcopy(base_policy.model)
+    alg = AlgorithmConfig(advantage="gae", critic=CriticConfig(lr=1e-2, cliprange_value=10.0))
+    head = build_value_head(alg.critic, policy.model)
+    optimizer = torch.optim.AdamW([{"params": list(policy.model.parameters()), "lr": 0.0},
+                                   {"params": list(head.parameters()), "lr": alg.critic.lr}])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    trajs = [real_traj(policy, 1.0), real_traj(policy, 0.0), real_traj(policy, 1.0)]
+    losses = []
+    for step in range(6):
+        metrics = assign_gae(trajs, compute_values(policy, head, trajs, 8), gamma=1.0, lam=1.0)
+        out = update_policy(policy, optimizer, scheduler, trajs, alg, OptimConfig(), seed=step, value_head=head)
+        losses.append(out["critic/value_loss"])
+        assert out["actor/trained_fraction"] == 1.0 and "critic/vf_explained_var" in metrics
+    assert losses[-1] < 0.5 * losses[0], losses
