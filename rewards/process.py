@@ -26,12 +26,17 @@ class ProcessRewardConfig:
 
 
 class ProcessReward:
-    def __init__(self, cfg: ProcessRewardConfig):
+    """Per-turn rewards; a raising per-turn function follows `reward.on_error` like outcome rewards."""
+
+    def __init__(self, cfg: ProcessRewardConfig, on_error: str = "raise"):
         if cfg.outcome_mode not in OUTCOME_MODES:
             raise ValueError(f"reward.process.outcome_mode: {cfg.outcome_mode!r} is not one of "
                              f"{', '.join(OUTCOME_MODES)}")
-        self.cfg = cfg
+        if on_error not in ("raise", "zero"):
+            raise ValueError(f"reward.on_error: {on_error!r} is not one of raise, zero")
+        self.cfg, self.on_error = cfg, on_error
         self.fn = load_reward(cfg.function) if cfg.function else None
+        self.errors = 0  # per-turn function failures scored 0 under on_error=zero (reward/process/errors)
 
     @property
     def enabled(self) -> bool:
@@ -47,6 +52,10 @@ class ProcessReward:
                 try:
                     r += self.fn.to_score(await self.fn(**turn_kwargs(traj, i)))[0]
                 except Exception as exc:
+                    if self.on_error == "zero":
+                        self.errors += 1
+                        rewards.append(float(r))
+                        continue
                     raise RewardError(f"process reward {self.fn.name} failed on sample {traj.sample_index} "
                                       f"turn {i}: {type(exc).__name__}: {exc}") from exc
             rewards.append(float(r))

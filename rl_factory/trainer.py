@@ -142,6 +142,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 if process.enabled:  # per-turn rewards, on each turn's last generated token
                     per_turn = await asyncio.gather(*(process.score(t) for t in trajs))
                     reward_stats["reward/process/mean"] = float(np.mean([sum(r) for r in per_turn]))
+                    reward_stats["reward/process/errors"], process.errors = process.errors, 0
                 t2 = time.perf_counter()
                 # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
                 #    A ranking estimator (arena) first gets tournament scores: one judged tournament per group.
@@ -228,7 +229,7 @@ def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
 
 def _build_process(reward_cfg: RewardConfig) -> ProcessReward:
     try:
-        return ProcessReward(reward_cfg.process)
+        return ProcessReward(reward_cfg.process, on_error=reward_cfg.on_error)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

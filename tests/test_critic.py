@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from rewards.loader import RewardError
 from rewards.process import ProcessReward, ProcessRewardConfig
 from rl_factory.config import ConfigError
 from rl_factory.components import SamplingConfig
@@ -46,6 +47,17 @@ def test_process_and_outcome_rewards_sit_on_each_turns_last_generated_token(tmp_
     assert ignore.outcome(traj) == 1.0
     with pytest.raises(ValueError, match="outcome_mode"):
         ProcessReward(ProcessRewardConfig(outcome_mode="mean"))
+
+
+def test_a_raising_per_turn_function_follows_on_error(tmp_path):
+    fn_file = tmp_path / "per_turn.py"
+    fn_file.write_text("def per_turn(text):\n    if 'answer' in text:\n        raise KeyError('boom')\n    return 0.25\n")
+    spec = ProcessRewardConfig(function=f"{fn_file}:per_turn", tool_error_penalty=-0.1)
+    with pytest.raises(RewardError, match="turn 1: KeyError"):
+        asyncio.run(ProcessReward(spec).score(two_turn_traj()))
+    zero = ProcessReward(spec, on_error="zero")
+    assert asyncio.run(zero.score(two_turn_traj())) == pytest.approx([0.25 - 0.1, 0.0])
+    assert zero.errors == 1
 
 
 def test_gae_token_advantages_only_on_generated_tokens():
