@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -118,3 +119,16 @@ def _httpx():
     except ImportError:  # pragma: no cover - environments with classic httpx only
         import httpx
     return httpx
+
+
+def json_objects(text: str, parse_float: Callable[[str], Any] | None = None) -> list[dict]:
+    """Every JSON object embedded anywhere in a model's reply (judges wrap verdicts in chatter)."""
+    decoder, found = json.JSONDecoder(parse_float=parse_float), []
+    for start in (m.start() for m in re.finditer(r"\{", text)):
+        try:
+            obj, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+    return found

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rewards.chat import CACHE_SIZE, ChatClient, JudgeError
+from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, json_objects
 
 DEFAULT_PROMPT = """\
 You are comparing two AI agents that answered the same user request, possibly by calling tools.
@@ -127,7 +127,7 @@ def parse_verdict(text: str) -> float:
     Raises:
         ValueError: no verdict in the reply.
     """
-    for obj in _json_objects(text):
+    for obj in json_objects(text):
         winner = str(obj.get("winner", "")).strip().lower().replace(" ", "_")
         if winner in _WINNER:
             return _WINNER[winner]
@@ -141,18 +141,6 @@ def parse_verdict(text: str) -> float:
     if match:
         return _WINNER[match.group(1).lower().replace(" ", "_")]
     raise ValueError(f"no verdict in judge reply {text[:120]!r}")
-
-
-def _json_objects(text: str) -> list[dict]:
-    decoder, found = json.JSONDecoder(), []
-    for start in (m.start() for m in re.finditer(r"\{", text)):
-        try:
-            obj, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-    return found
 
 
 @dataclass

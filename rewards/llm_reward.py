@@ -31,7 +31,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from rewards.chat import CACHE_SIZE, ChatClient
+from rewards.chat import CACHE_SIZE, ChatClient, json_objects
 from rewards.judge import NO_PATH, final_answer, render_path
 
 DEFAULT_RUBRIC = """\
@@ -74,7 +74,8 @@ def parse_score(text: str, scale: float = 10.0) -> float:
         ValueError: no score, or a score off its scale.
     """
     found: list[tuple[str, str | None]] = []
-    for obj in _json_objects(text):
+    # Decimal keeps "0.7" (a fraction) apart from "7" (on the rubric's scale).
+    for obj in json_objects(text, parse_float=Decimal):
         value = obj.get("score", obj.get("rating"))
         if isinstance(value, (int, Decimal)) and not isinstance(value, bool):
             found.append((str(value), None))
@@ -101,19 +102,6 @@ def parse_score(text: str, scale: float = 10.0) -> float:
         raise ValueError(f"score {value}{'/' + denominator if denominator else ''} is off its scale "
                          f"in judge reply {text[:120]!r}")
     return number / top
-
-
-def _json_objects(text: str) -> list[dict]:
-    # Decimal keeps "0.7" (a fraction) apart from "7" (on the rubric's scale).
-    decoder, found = json.JSONDecoder(parse_float=Decimal), []
-    for start in (m.start() for m in re.finditer(r"\{", text)):
-        try:
-            obj, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-    return found
 
 
 def load_rubric(prompt: str | None) -> str:
