@@ -7,8 +7,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+if [ -z "${PYTHON:-}" ]; then  # $PYTHON if set, else the project's .venv
+  PYTHON=python3
+  [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+fi
 export TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
 

@@ -9,9 +9,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # --- environment --------------------------------------------------------------------------------
-# Use the project's virtual environment when there is one (made by the README's setup command).
-PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+# Use $PYTHON if set, else the project's virtual environment (made by the README's setup command).
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+fi
 # No hub downloads unless the user asks for a hub model; tokenizers' thread pool fights torch's.
 export TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1

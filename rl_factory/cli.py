@@ -28,14 +28,63 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             TrackingError, FileNotFoundError, ValueError, KeyError)
 
 
-def _backend_train(cfg):
-    from rl_factory.config import ConfigError
+def _train_embedded(cfg, raw_overrides: list[str], print_only: str | None):
+    from omegaconf import OmegaConf
 
+    if print_only is not None:
+        print(OmegaConf.to_yaml(cfg))
+        return {}
+    from rl_factory.trainer import train
+    return train(cfg)
+
+
+def _train_verl(cfg, raw_overrides: list[str], print_only: str | None):
+    try:
+        import verl  # noqa: F401  (its import runs our verl.plugins entry point)
+    except ImportError as exc:
+        from rl_factory.config import ConfigError
+        raise ConfigError(f"trainer.backend=verl needs verl: pip install -e '.[verl]' (and '.[vllm]' on GPU "
+                          f"nodes) ({exc})") from None
+    from rl_factory.backends.verl.launcher import train
+    return train(cfg, raw_overrides, print_only)
+
+
+# trainer.backend -> fn(our config, overrides that are not ours, print_only); only verl takes raw keys.
+BACKENDS = {"embedded": _train_embedded, "verl": _train_verl}
+
+
+def _backend_train(overrides: list[str], print_only: str | None):
+    from rl_factory.config import ConfigError, load_config, split_overrides
+
+    ours, theirs = split_overrides(overrides)
+    cfg = load_config("grpo", ours)
     backend = cfg.trainer.backend
-    if backend == "embedded":
-        from rl_factory.trainer import train
-        return train(cfg)
-    raise ConfigError(f"trainer.backend: unknown backend {backend!r} (valid: embedded)")
+    if backend not in BACKENDS:
+        raise ConfigError(f"trainer.backend: unknown backend {backend!r} (valid: {', '.join(BACKENDS)})")
+    if theirs and backend != "verl":
+        load_config("grpo", overrides)  # raises the usual "unknown config key ... (did you mean ...)"
+    return BACKENDS[backend](cfg, theirs, print_only)
+
+
+def _cfg_flag(args: list[str]) -> tuple[str | None, list[str]]:
+    """Hydra's `--cfg job` (print the composed config and exit); `--resolve` resolves interpolations."""
+    mode, rest, i = None, [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--cfg" and i + 1 < len(args):
+            mode, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--cfg="):
+            mode = arg.split("=", 1)[1]
+        elif arg != "--resolve":
+            rest.append(arg)
+        i += 1
+    if mode is not None and mode != "job":
+        from rl_factory.config import ConfigError
+        raise ConfigError(f"--cfg {mode}: only --cfg job is supported")
+    if mode and "--resolve" in args:
+        mode = "resolve"
+    return mode, rest
 
 
 def _quiet_transformers() -> None:
@@ -58,10 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     _quiet_transformers()
     try:
-        cfg = load_config("grpo" if command == "train" else "eval", overrides)
+        print_only, overrides = _cfg_flag(overrides)
         if command == "train":
-            summary = _backend_train(cfg)
+            summary = _backend_train(overrides, print_only)
         else:
+            cfg = load_config("eval", overrides)
+            if print_only is not None:
+                from omegaconf import OmegaConf
+                print(OmegaConf.to_yaml(cfg))
+                return 0
             from rl_factory.evaluate_cli import run_eval
             summary = run_eval(cfg)
     except KeyboardInterrupt:

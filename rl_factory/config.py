@@ -106,3 +106,44 @@ def redacted(cfg: DictConfig | dict) -> dict:
         return value
 
     return walk(data)
+
+
+def split_overrides(overrides: list[str], name: str = "grpo",
+                    config_dir: str | Path | None = None) -> tuple[list[str], list[str]]:
+    """Split command-line overrides into ours and the rest (raw keys of a backend such as verl).
+
+    An override is ours when its key exists in `configs/<name>.yaml`, when it adds (`+key=...`) under
+    one of our nodes, or when it lies under one of our top-level keys that no backend shares. Anything
+    else (`actor_rollout_ref.rollout.tensor_model_parallel_size=2`, `trainer.n_gpus_per_node=8`) is
+    passed on to the backend, which rejects what it does not know either.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    config_dir = Path(config_dir or CONFIG_DIR).resolve()
+    base = OmegaConf.load(config_dir / f"{name}.yaml")
+    ours_only = {str(k) for k in base.keys()} - SHARED_TOP_LEVEL
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception as exc:  # hydra's OverrideParseException: a malformed key=value
+        raise ConfigError(_short(str(exc))) from None
+    ours, theirs = [], []
+    for text, override in zip(overrides, parsed):
+        key = override.key_or_group
+        parent = key.rpartition(".")[0]
+        mine = (_has_key(base, key) or key.split(".")[0] in ours_only
+                or (override.is_add() and parent and _has_key(base, parent)))
+        (ours if mine else theirs).append(text)
+    return ours, theirs
+
+
+# Top-level nodes both we and verl have; a key under them is ours only if our config has it.
+SHARED_TOP_LEVEL = {"data", "reward", "algorithm", "trainer"}
+
+
+def _has_key(cfg: DictConfig, dotted: str) -> bool:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node[part]
+    return True

@@ -97,6 +97,31 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token
     return AGGREGATIONS[agg](loss_mat, mask.to(loss_mat.dtype), norm_length)
 
 
+def ppo_clip_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token PPO-clip losses [B,T] and their metrics, before aggregation.
+
+    Split from `ppo_clip_loss` so another trainer (verl, which normalizes over the global batch
+    across micro-batches and ranks) can aggregate the same per-token losses its own way.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # [B,1] broadcasts over T
+    mask = mask.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs.detach()).clamp(-20.0, 20.0)  # [B,T]
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_mat = torch.maximum(unclipped, clipped)  # [B,T]
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask).item(),
+            "approx_kl": masked_mean(-log_ratio, mask).item(),
+            "ratio_mean": masked_mean(ratio, mask).item(),
+        }
+    return loss_mat, metrics
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
@@ -119,22 +144,8 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         tokens whose clipped term is the active one, approx_kl the mean of old - new log-prob
         (verl's ppo_kl), and ratio_mean the mean ratio, all over unmasked tokens.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # [B,1] broadcasts over T
-    mask = mask.to(logprobs.dtype)
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-20.0, 20.0)  # [B,T]
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss_mat = torch.maximum(unclipped, clipped)  # [B,T]
-    loss = aggregate_loss(loss_mat, mask, agg, norm_length)
-    with torch.no_grad():
-        metrics = {
-            "clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask).item(),
-            "approx_kl": masked_mean(-log_ratio, mask).item(),
-            "ratio_mean": masked_mean(ratio, mask).item(),
-        }
-    return loss, metrics
+    loss_mat, metrics = ppo_clip_terms(logprobs, old_logprobs, advantages, mask, clip_ratio_low, clip_ratio_high)
+    return aggregate_loss(loss_mat, mask.to(logprobs.dtype), agg, norm_length), metrics
 
 
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -176,3 +187,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     if kind not in KL_ESTIMATORS:
         raise KeyError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[kind](logprobs - ref_logprobs)
+
+
+# Per-token forms of the registered losses, for trainers that aggregate across micro-batches and
+# ranks themselves (the verl backend): name -> fn(logprobs, old, advantages, mask, low, high).
+POLICY_LOSS_TERMS: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
+    "ppo_clip": ppo_clip_terms,
+}

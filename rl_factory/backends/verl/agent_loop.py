@@ -1,0 +1,210 @@
+"""`RLFactoryAgentLoop`: our rollout, MCP tools and parsers as a verl agent loop.
+
+verl creates one agent-loop object per trajectory inside its AgentLoopWorker Ray actors and calls
+`run(sampling_params, **dataset_fields)`; generation goes through `server_manager.generate` (token ids
+in, token ids and log-probs out, vLLM or SGLang behind it). We run the same `Agent.rollout` as the
+embedded backend on top of that: prompt ids rendered once with the *full* JSON schemas of the
+manifest's tools (verl's own tool schema model drops nested fields), generated ids appended verbatim,
+tool observations appended as chat-template deltas with mask 0. The result is verl's
+`AgentLoopOutput` with exactly those ids, the mask and the sampling log-probs.
+
+What lives per worker process (`WorkerState`, built on the first trajectory and shared by all): the
+tool env (stdio servers are started here, once per AgentLoopWorker; HTTP servers are just URLs),
+the chat format, the parser, and for ArenaRL the group rendezvous. The per-trajectory object stays
+cheap, as verl requires.
+
+Settings come from the `rl_factory` node of verl's config (our whole composed config, `self.config`
+in every agent loop), so the agent-loop YAML needs no arguments.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+from envs import get_parser
+from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
+from rl_factory.backends.verl.group import ArenaGroups
+from rl_factory.backends.verl.records import RECORD_KEY, to_record
+from rl_factory.chat import ChatFormat
+from rl_factory.components import EnvConfig, SamplingConfig, open_env
+from rl_factory.config import section
+from rl_factory.engines.base import Generation, SamplingParams
+from rl_factory.rollout import Agent, RolloutConfig
+from rl_factory.types import Trajectory
+
+AGENT_NAME = "rl_factory"
+
+
+class ServerEngine:
+    """Our `Engine` interface over verl's LLM server client (one request id per trajectory).
+
+    The same request id on every turn lets verl route a trajectory's turns to the same server
+    (prefix-cache reuse). verl's sampling params (train or validation, greedy overrides) are the
+    base; the per-turn token budget is ours.
+    """
+
+    def __init__(self, server_manager: Any, sampling_params: dict[str, Any], stop_ids: set[int]):
+        self.server_manager, self.base, self.stop_ids = server_manager, dict(sampling_params), stop_ids
+        self.request_id = uuid.uuid4().hex
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": True}
+        out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
+                                                 sampling_params=sampling)
+        ids = list(out.token_ids)
+        logprobs = list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)
+        # vLLM reports "completed" for both eos and length stops; the last token tells them apart.
+        finish = "stop" if ids and ids[-1] in self.stop_ids and out.stop_reason != "aborted" else "length"
+        return Generation(ids, logprobs, finish)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class LoopSettings:
+    env: EnvConfig
+    rollout: RolloutConfig
+    output_dir: Path
+
+
+class WorkerState:
+    """What all trajectories of one AgentLoopWorker process share (see the module docstring)."""
+
+    # Keyed by (event loop, config): the tool env's connections belong to the loop that opened them.
+    # The entry holds both objects, so neither id can be reused by another object while it is cached.
+    _instances: dict[tuple[int, int], tuple[Any, DictConfig, WorkerState]] = {}
+    _locks: dict[int, tuple[Any, asyncio.Lock]] = {}
+
+    def __init__(self, settings: LoopSettings, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
+                 arena: ArenaGroups | None):
+        self.settings, self.env, self.fmt, self.parser, self.stop_ids = settings, env, fmt, parser, stop_ids
+        self.arena = arena
+
+    @classmethod
+    async def get(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
+        loop = asyncio.get_running_loop()
+        key = (id(loop), id(config))
+        if key not in cls._instances:
+            if cls._locks.get(id(loop), (None,))[0] is not loop:
+                cls._locks[id(loop)] = (loop, asyncio.Lock())
+            lock = cls._locks[id(loop)][1]
+            async with lock:  # the first trajectories of a worker arrive together: build once
+                if key not in cls._instances:
+                    cls._instances[key] = (loop, config, await cls._build(config, tokenizer))
+        return cls._instances[key][2]
+
+    @classmethod
+    async def _build(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
+        ours = config.rl_factory
+        env_cfg = section(ours, "env", EnvConfig)
+        roll = section(ours, "rollout", SamplingConfig)
+        loop_cfg = RolloutConfig(**{k: getattr(roll, k) for k in RolloutConfig.__dataclass_fields__})
+        loop_cfg.max_turns = env_cfg.max_turns
+        settings = LoopSettings(env_cfg, loop_cfg, Path(ours.trainer.output_dir))
+        worker = f"{socket.gethostname()}-{os.getpid()}"
+        env = await open_env(env_cfg, log_dir=settings.output_dir / "tool_logs" / worker).__aenter__()
+        tools = await env.list_tools()  # stdio servers start here, once per worker process
+        stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
+        arena = None
+        if ours.algorithm.advantage == "arena":
+            arena = ArenaGroups.from_config(ours, env, settings.output_dir / "arena" / worker)
+        return cls(settings, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
+                   {i for i in stop_ids if i is not None}, arena)
+
+
+def _generation_eos_ids(config: DictConfig) -> list[int]:
+    """Extra end-of-turn ids from the model's generation_config.json (Qwen3 stops on two ids)."""
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(config.actor_rollout_ref.model.path).eos_token_id
+    except (OSError, ValueError):
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+class RLFactoryAgentLoop(AgentLoopBase):
+    """One trajectory per instance (verl's contract); the heavy state is the process's `WorkerState`."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        state = await WorkerState.get(self.config, self.tokenizer)
+        sample = sample_from_kwargs(kwargs)
+        validate = kwargs.get(SPLIT_KEY) == "val"
+        group = state.arena if state.arena is not None and not validate else None
+        uid, session = kwargs.get("uid"), kwargs.get("session_id", 0)
+        try:
+            traj, timing = await self._rollout(state, sample, kwargs, sampling_params)
+        except BaseException:
+            if group is not None:  # the siblings must not wait for this one forever
+                await group.submit(uid, session, None, self.rollout_config.n, kwargs.get("global_steps", 0))
+            raise
+        score = None
+        if group is not None:  # ArenaRL: the tournament's score replaces the pointwise reward
+            score = await group.submit(uid, session, traj, self.rollout_config.n, kwargs.get("global_steps", 0))
+        return to_outputs(traj, timing, score, self.rollout_config.response_length)
+
+    async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
+                       ) -> tuple[Trajectory, dict[str, float]]:
+        cfg = state.settings.rollout
+        prompt_len = len(state.fmt.prompt_ids(sample["messages"]))
+        if prompt_len > self.rollout_config.prompt_length:
+            raise ValueError(f"sample {kwargs.get('index')}: prompt of {prompt_len} tokens (tools included) exceeds "
+                             f"data.max_prompt_length={self.rollout_config.prompt_length}")
+        # verl pads every response to response_length: the whole multi-turn tail must fit in it.
+        budget = min(cfg.max_total_tokens, prompt_len + self.rollout_config.response_length)
+        loop_cfg = RolloutConfig(**{**cfg.__dict__, "max_total_tokens": budget})
+        engine = ServerEngine(self.server_manager, sampling_params, state.stop_ids)
+        agent = Agent(engine, state.env, state.fmt, state.parser, loop_cfg)
+        params = SamplingParams(float(sampling_params.get("temperature", 1.0)),
+                                float(sampling_params.get("top_p", 1.0)), cfg.max_response_tokens)
+        traj = await agent.rollout(sample, int(kwargs.get("index", 0) or 0), params)
+        return traj, agent.timing()
+
+
+def to_outputs(traj: Trajectory, timing: dict[str, float], score: float | None,
+               response_length: int) -> AgentLoopOutput | list[AgentLoopOutput]:
+    """verl's output(s) for one trajectory: one sequence (append policy) or one per turn (step policy).
+
+    The reward travels in `extra_fields` as our trajectory record (for `reward.compute_score`);
+    `score` (ArenaRL) is set as `reward_score`, which makes verl skip its reward worker.
+    """
+    calls = traj.tool_calls
+    extra = {RECORD_KEY: to_record(traj), "tool_calls": len(calls),
+             "tool_errors": sum(not r.ok for r in traj.tool_results), "stop_reason": traj.stop_reason}
+    metrics = AgentLoopMetrics(generate_sequences=timing.get("timing/generate_s", 0.0),
+                               tool_calls=timing.get("timing/tools_s", 0.0))
+    num_turns = 1 + len(traj.turns) + sum(bool(t.tool_results) for t in traj.turns)
+    pieces = [(s.token_ids, s.loss_mask, s.logprobs) for s in traj.steps] or \
+        [(traj.token_ids, traj.loss_mask, traj.logprobs)]
+    outputs = []
+    for k, (ids, mask, logprobs) in enumerate(pieces):
+        start = len(traj.prompt_ids) if not traj.steps else mask.index(1) if 1 in mask else len(ids)
+        response = ids[start:]
+        if len(response) > response_length:
+            raise ValueError(f"sample {traj.sample_index}: response of {len(response)} tokens exceeds "
+                             f"response_length={response_length}")
+        last = k == len(pieces) - 1
+        outputs.append(AgentLoopOutput(
+            prompt_ids=ids[:start], response_ids=response, response_mask=mask[start:],
+            response_logprobs=logprobs[start:], num_turns=num_turns, metrics=metrics,
+            reward_score=score if last else None, extra_fields=dict(extra) if last else {}))
+    return outputs if traj.steps else outputs[0]
+
+
+def agent_loop_config_path() -> str:
+    """The agent-loop YAML verl loads in each worker (shipped with the package: same path on every node)."""
+    return str(Path(__file__).with_name("agent_loop.yaml"))
+
+

@@ -1,0 +1,161 @@
+"""verl's composed config from ours: `configs/verl.yaml` (verl's ppo_trainer + our defaults) + the mapping.
+
+`compose_verl(ours, raw_overrides, ...)` composes `configs/verl.yaml` with the raw verl overrides the
+user gave (any verl key), then writes the values derived from our config (`verl_values`, a table) into
+every key the user did not set directly, and stores our whole config under `rl_factory`, where the agent
+loop, the reward adapter and the launcher read it. So `rollout.n=16` sets `actor_rollout_ref.rollout.n`,
+and an explicit `actor_rollout_ref.rollout.n=4` on the same command line would win.
+
+Keys of ours with no verl counterpart stay ours (`env.*`, `rollout.max_response_tokens`, `context`,
+`algorithm.arena`, `reward.*`): the agent loop and the reward adapter apply them. `model.device`,
+`model.dtype` and `model.num_threads` do not apply (verl places models on its GPUs).
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
+from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
+from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
+
+REWARD_FN_PATH = "pkg://rl_factory.backends.verl.reward"
+LOGGERS = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard", "wandb": "wandb"}
+# Options verl's algorithm config holds itself; the rest travel in OPTIONS_ENV (see plugin.py).
+VERL_OPTIONS = {"norm_by_std", "gamma", "lam"}
+
+
+def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -> dict[str, Any]:
+    """verl key -> value for everything our config decides (the mapping table)."""
+    alg, roll, optim, t, data = ours.algorithm, ours.rollout, ours.optim, ours.trainer, ours.data
+    opts = dict(alg.advantage_options or {})
+    out_dir = Path(t.output_dir)
+    micro = optim.micro_batch_size
+    model_path = model_path.rstrip("/") or model_path  # verl asserts on a trailing slash
+    values: dict[str, Any] = {
+        # model and data
+        "actor_rollout_ref.model.path": model_path,
+        "critic.model.path": model_path,
+        "data.train_files": data_files["train"],
+        "data.val_files": data_files["val"],
+        "data.train_batch_size": data.train_batch_size,
+        "data.seed": ours.seed,
+        # the whole multi-turn tail after the prompt (generated + tool tokens) is verl's "response"
+        "data.max_response_length": roll.max_total_tokens,
+        # rollout
+        "actor_rollout_ref.rollout.n": roll.n,
+        "actor_rollout_ref.rollout.temperature": roll.temperature,
+        "actor_rollout_ref.rollout.top_p": roll.top_p,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": roll.val_temperature,
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": roll.val_temperature > 0,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": agent_loop_config_path(),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
+        # advantage estimator (ours are registered under the same names; grpo, rloo, gae are verl's own)
+        "algorithm.adv_estimator": alg.advantage,
+        "algorithm.norm_adv_by_std_in_grpo": bool(opts.get("norm_by_std", True)),
+        "algorithm.gamma": float(opts.get("gamma", 1.0)),
+        "algorithm.lam": float(opts.get("lam", 1.0)),
+        # policy loss, KL
+        "actor_rollout_ref.actor.policy_loss.loss_mode": alg.policy_loss,
+        "actor_rollout_ref.actor.clip_ratio_low": alg.clip_ratio_low,
+        "actor_rollout_ref.actor.clip_ratio_high": alg.clip_ratio_high,
+        "actor_rollout_ref.actor.loss_agg_mode": AGG_NAMES[alg.loss_agg],
+        "actor_rollout_ref.actor.use_kl_loss": alg.kl_coef > 0,
+        "actor_rollout_ref.actor.kl_loss_coef": alg.kl_coef,
+        "actor_rollout_ref.actor.kl_loss_type": alg.kl_kind,
+        # optimizer and batching (verl's mini-batch is counted in prompts, like our train_batch_size)
+        "actor_rollout_ref.actor.optim.lr": optim.lr,
+        "actor_rollout_ref.actor.optim.weight_decay": optim.weight_decay,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": optim.warmup_steps,
+        "actor_rollout_ref.actor.optim.clip_grad": optim.grad_clip,
+        "actor_rollout_ref.actor.grad_clip": optim.grad_clip,
+        "actor_rollout_ref.actor.ppo_epochs": optim.ppo_epochs,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": max(1, data.train_batch_size // optim.mini_batches),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
+        # critic (only built by verl for gae)
+        "critic.optim.lr": alg.critic.lr,
+        "critic.cliprange_value": alg.critic.cliprange_value,
+        "critic.ppo_micro_batch_size_per_gpu": micro,
+        # reward: ours, called by verl's reward workers
+        "reward.custom_reward_function.path": REWARD_FN_PATH,
+        "reward.custom_reward_function.name": "compute_score",
+        "reward.custom_reward_function.reward_kwargs": {"rl_factory": {
+            "reward": OmegaConf.to_container(ours.reward, resolve=True),
+            "tools": OmegaConf.to_container(ours.env.tools, resolve=True)
+            if isinstance(ours.env.tools, DictConfig) else ours.env.tools}},
+        # trainer and run directory
+        "trainer.experiment_name": ours.experiment_name,
+        "trainer.total_training_steps": t.total_steps,
+        "trainer.test_freq": t.eval_every or t.total_steps,
+        "trainer.save_freq": t.save_every or t.total_steps,
+        "trainer.default_local_dir": str(out_dir / "checkpoints"),
+        "trainer.max_actor_ckpt_to_keep": t.keep_checkpoints,
+        "trainer.max_critic_ckpt_to_keep": t.keep_checkpoints,
+        "trainer.logger": [LOGGERS[name] for name in t.logger],
+        "trainer.rollout_data_dir": str(out_dir / "rollouts") if t.save_rollouts else None,
+        "trainer.validation_data_dir": str(out_dir / "rollouts_val") if t.save_rollouts else None,
+        **_resume(t.resume),
+    }
+    env_vars = {"VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+                "TENSORBOARD_DIR": str(out_dir / "tensorboard")}
+    extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}
+    if extra_opts:
+        env_vars[OPTIONS_ENV] = json.dumps(extra_opts)
+    for name, value in env_vars.items():  # Ray's runtime_env carries them to every node's workers
+        values[f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"] = value
+    return values
+
+
+def _resume(resume: str) -> dict[str, Any]:
+    if resume == "auto":
+        return {"trainer.resume_mode": "auto"}
+    if resume in ("never", "false", "False", None):
+        return {"trainer.resume_mode": "disable"}
+    return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": resume}
+
+
+def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[str, str],
+                 model_path: str) -> DictConfig:
+    """verl's full config: configs/verl.yaml + raw verl overrides + our mapped values + `rl_factory`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    parsed = OverridesParser.create().parse_overrides(list(raw_overrides))
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            base = compose(config_name="verl")
+            _check_keys(base, parsed)
+            cfg = compose(config_name="verl", overrides=list(raw_overrides)) if raw_overrides else base
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_short(str(exc))) from None
+    given = {o.key_or_group for o in parsed}
+    for key, value in verl_values(ours, data_files, model_path).items():
+        if key not in given:  # a verl key set on the command line wins over the mapping
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    with open_dict(cfg):
+        cfg.rl_factory = OmegaConf.create(OmegaConf.to_container(ours, resolve=True))
+    return cfg
+
+
+def _check_keys(base: DictConfig, parsed: list[Any]) -> None:
+    """A raw override must name a verl key (or add one with +): 'did you mean' for the rest."""
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_add() or _has_key(base, key):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(base, parent) if parent else base
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1) if isinstance(node, DictConfig) else []
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown config key {key}: neither an rl_factory key (configs/grpo.yaml) nor a verl "
+                          f"key{hint}; to add a new key use +{key}=...")
+

@@ -1,0 +1,142 @@
+"""`bash main_grpo.sh trainer.backend=verl ...`: compose verl's config from ours, then run verl's trainer.
+
+Steps, in the order a user sees their errors: our plugin must be in verl's registries (else the
+estimator names would fail deep inside a Ray actor); the combination must be one verl can run (see
+`check_supported`); the verl config is composed (`--cfg job` prints it here, before any file is written
+or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
+`validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` starts Ray
+(or joins the cluster named by RAY_ADDRESS) and trains.
+
+Paths in the config are made absolute: Ray workers do not share the driver's working directory, and on
+several nodes the output directory, data and manifest must be on storage every node sees.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rl_factory.config import ConfigError, redacted
+
+log = logging.getLogger("rl_factory.verl")
+
+STEP_CONTEXT_ESTIMATORS = ("grpo",)  # verl broadcasts a session's advantage to its per-turn samples only for grpo
+
+
+def check_plugin(advantage: str, policy_loss: str) -> None:
+    """Our names must be in verl's registries of this process (the entry point ran at `import verl`)."""
+    from verl.trainer.ppo import core_algos
+
+    from rl_factory.backends.verl import plugin
+
+    if plugin.REGISTRATION_ERROR:
+        raise ConfigError(f"rl_factory's verl plugin failed to register:\n{plugin.REGISTRATION_ERROR}")
+    if advantage not in core_algos.ADV_ESTIMATOR_REGISTRY:
+        raise ConfigError(f"algorithm.advantage: {advantage!r} is not in verl's estimator registry "
+                          f"(known: {sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}); is rl_factory installed with "
+                          "`pip install -e .[verl]` so that its verl.plugins entry point exists?")
+    if policy_loss not in core_algos.POLICY_LOSS_REGISTRY:
+        raise ConfigError(f"algorithm.policy_loss: {policy_loss!r} is not in verl's policy-loss registry "
+                          f"(known: {sorted(core_algos.POLICY_LOSS_REGISTRY)})")
+
+
+def check_supported(ours: DictConfig, verl_cfg: DictConfig | None = None) -> None:
+    """Combinations the verl backend cannot run, refused with the key to change."""
+    alg, roll = ours.algorithm, ours.rollout
+    if roll.context == "step" and alg.advantage not in STEP_CONTEXT_ESTIMATORS:
+        raise ConfigError(f"rollout.context=step on verl works with algorithm.advantage=grpo only (verl spreads a "
+                          f"trajectory's advantage over its per-turn samples only for grpo); got {alg.advantage!r}")
+    if alg.advantage == "arena":
+        if alg.arena.anchor == "greedy":
+            raise ConfigError("algorithm.arena.anchor=greedy is not available on the verl backend (use first or reference)")
+        if verl_cfg is not None and not verl_cfg.trainer.use_v1:
+            raise ConfigError("algorithm.advantage=arena on verl needs trainer.use_v1=true (the V1 trainer runs a "
+                              "prompt's n rollouts in one worker, where the tournament is played)")
+    if ours.reward.process.function or ours.reward.process.tool_error_penalty:
+        if ours.reward.process.outcome_mode != "sum":
+            raise ConfigError("reward.process on verl is added to the outcome reward: set reward.process.outcome_mode=sum")
+
+
+def absolute(ours: DictConfig) -> DictConfig:
+    """Our config with the paths the workers read made absolute."""
+    ours = OmegaConf.create(OmegaConf.to_container(ours, resolve=True))
+    with open_dict(ours):
+        ours.trainer.output_dir = str(Path(ours.trainer.output_dir).resolve())
+        if isinstance(ours.env.tools, str) and ours.env.tools:
+            ours.env.tools = str(Path(ours.env.tools).resolve())
+        reward = ours.reward
+        reward.function = _absolute_spec(reward.function)
+        reward.process.function = _absolute_spec(reward.process.function)
+        for item in reward.functions or []:
+            item.function = _absolute_spec(item.function)
+    return ours
+
+
+def _absolute_spec(spec: str | None) -> str | None:
+    """"file.py:fn" with an absolute file path (a reward worker may run anywhere); modules stay."""
+    if not spec or ":" not in spec or not spec.split(":")[0].endswith(".py"):
+        return spec
+    path, name = spec.rsplit(":", 1)
+    return f"{Path(path).resolve()}:{name}"
+
+
+def model_path(ours: DictConfig, build: bool) -> str:
+    """The model directory or hub id; `builtin:` models are built (once, cached) only when `build`."""
+    path = ours.model.path
+    if not path.startswith("builtin:") or not build:
+        return path
+    from rl_factory.components import EnvConfig, open_env
+    from rl_factory.config import section
+    from rl_factory.policy import resolve_model_path
+
+    async def tools() -> list[dict]:
+        async with open_env(section(ours, "env", EnvConfig)) as env:
+            return await env.list_tools()
+
+    return resolve_model_path(path, asyncio.run(tools()), int(ours.seed), log=log.info)
+
+
+def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
+    """Run (or with `print_only` = "job" / "resolve", print) the verl training job for our config."""
+    from rl_factory.backends.verl.config import compose_verl
+
+    check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
+    check_supported(ours)
+    ours = absolute(ours)
+    out_dir = Path(ours.trainer.output_dir)
+    files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
+    cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=print_only is None))
+    check_supported(ours, cfg)
+    if print_only is not None:
+        print(OmegaConf.to_yaml(cfg, resolve=print_only == "resolve"))
+        return {}
+    from rl_factory.backends.verl.data import convert
+    from rl_factory.components import DataConfig
+    from rl_factory.config import section
+
+    convert(section(ours, "data", DataConfig), out_dir / "verl_data")
+    return run(cfg)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(cfg)
+    try:
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    except (AssertionError, ValueError) as exc:
+        raise ConfigError(f"verl rejected the config: {exc}") from None
+    out_dir = Path(cfg.rl_factory.trainer.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
+    log.info("verl backend: run directory %s", out_dir)
+    run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    return {"output_dir": str(out_dir)}

@@ -1,0 +1,137 @@
+"""The `verl.plugins` entry point: our estimators and policy losses in verl's registries.
+
+verl loads every `verl.plugins` entry point at `import verl` (verl/__init__.py), in every process:
+the driver, the TaskRunner actor (where advantages are computed) and the FSDP actor workers (where
+the policy loss runs). Registering there is the only way a name reaches all of them; a registration
+made in the driver alone would not. verl swallows a plugin's exception at DEBUG level, so a failure
+here is logged at ERROR with its traceback and kept in `REGISTRATION_ERROR`, and the launcher refuses
+to start when our names are missing.
+
+Registered estimators (verl's call: `fn(token_level_rewards, response_mask, index, config) ->
+(advantages, returns)`): every outcome estimator of `rl_factory.algorithms.advantages` under its own
+name (`arena`, `dr_grpo`, `reinforce_pp`), or as `rl_factory_<name>` where verl already owns the
+name (`grpo`, `rloo`; verl's are identical to ours to 1e-6, tests/algorithms/test_advantages.py).
+`gae` stays verl's own: it needs the critic's values, which verl passes only to its built-in GAE.
+Estimator options that verl's `algorithm` config cannot hold arrive as JSON in the environment
+variable `RL_FACTORY_ADVANTAGE_OPTIONS` (the launcher puts it in Ray's runtime_env, so every node
+sees it).
+
+Registered policy losses (`actor_rollout_ref.actor.policy_loss.loss_mode`): each loss of
+`rl_factory.algorithms.losses.POLICY_LOSS_TERMS` under its name (`ppo_clip`). The per-token terms
+are ours; the aggregation is verl's `agg_loss` with its global-batch normalizer, so the loss is the
+same whatever the micro-batch and data-parallel split.
+
+Keep this module light: it runs while `verl/__init__` is still executing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from typing import Any
+
+log = logging.getLogger("rl_factory.verl")
+
+OPTIONS_ENV = "RL_FACTORY_ADVANTAGE_OPTIONS"
+# Outcome estimators verl does not get under their own name because verl has one of the same name.
+VERL_OWNS = ("grpo", "rloo", "gae")
+REGISTERED_ESTIMATORS: list[str] = []
+REGISTERED_LOSSES: list[str] = []
+REGISTRATION_ERROR: str | None = None
+
+# The estimators that need more than rewards and group ids: they cannot run from verl's call.
+TOKEN_LEVEL = ("gae",)
+# verl's loss_agg_mode names for ours (verl uses dashes).
+AGG_NAMES = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
+             "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
+
+
+def advantage_options() -> dict[str, Any]:
+    raw = os.environ.get(OPTIONS_ENV, "")
+    return json.loads(raw) if raw else {}
+
+
+def _outcome_estimator(name: str):
+    """verl's estimator signature around our registry entry `name`."""
+
+    def estimator(token_level_rewards, response_mask, index=None, config=None, **_: Any):
+        import torch
+
+        from rl_factory.algorithms.advantages import AdvantageInputs, estimate
+
+        mask = response_mask.to(token_level_rewards.dtype)
+        # The outcome reward sits on the last response token (verl's rm_scores); summing is exact.
+        rewards = (token_level_rewards * mask).sum(-1)
+        group_ids = list(index) if index is not None else list(range(len(rewards)))
+        scores = rewards if name == "arena" else None  # arena: the agent loop put tournament scores there
+        options = dict(advantage_options())
+        if name == "grpo" and config is not None and "norm_by_std" not in options:
+            options["norm_by_std"] = bool(config.get("norm_adv_by_std_in_grpo", True))
+        inputs = AdvantageInputs.build(rewards.detach().double().cpu(), group_ids, scores=scores,
+                                       response_mask=response_mask.detach().cpu())
+        with torch.no_grad():
+            adv = estimate(name, inputs, **options).to(token_level_rewards.device, token_level_rewards.dtype)
+        adv = adv.unsqueeze(-1) * mask  # broadcast over the trajectory's response tokens
+        return adv, adv
+
+    estimator.__name__ = f"rl_factory_{name}"
+    estimator.__qualname__ = estimator.__name__
+    return estimator
+
+
+def _policy_loss(name: str):
+    """verl's policy-loss signature around our per-token loss `name`, aggregated by verl's agg_loss."""
+
+    def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+             rollout_is_weights=None):
+        from verl.trainer.ppo.core_algos import agg_loss
+
+        from rl_factory.algorithms.losses import POLICY_LOSS_TERMS
+
+        low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+        high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+        loss_mat, metrics = POLICY_LOSS_TERMS[name](log_prob, old_log_prob, advantages, response_mask, low, high)
+        if rollout_is_weights is not None:
+            loss_mat = loss_mat * rollout_is_weights
+        value = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
+                         **config.global_batch_info)
+        return value, {"actor/pg_clipfrac": metrics["clipfrac"], "actor/ppo_kl": metrics["approx_kl"],
+                       "actor/ratio_mean": metrics["ratio_mean"]}
+
+    loss.__name__ = f"rl_factory_{name}"
+    return loss
+
+
+def registered_name(name: str) -> str:
+    """Where our estimator `name` lives in verl's registry."""
+    return f"rl_factory_{name}" if name in VERL_OWNS else name
+
+
+def register() -> None:
+    """Add our estimators and losses to verl's registries (idempotent within a process)."""
+    from verl.trainer.ppo import core_algos
+
+    from rl_factory.algorithms.advantages import ADVANTAGES
+    from rl_factory.algorithms.losses import POLICY_LOSS_TERMS
+
+    for name in sorted(ADVANTAGES):
+        if name in TOKEN_LEVEL:
+            continue
+        key = registered_name(name)
+        if key not in core_algos.ADV_ESTIMATOR_REGISTRY:
+            core_algos.register_adv_est(key)(_outcome_estimator(name))
+        REGISTERED_ESTIMATORS.append(key)
+    for name in sorted(POLICY_LOSS_TERMS):
+        if name not in core_algos.POLICY_LOSS_REGISTRY:
+            core_algos.register_policy_loss(name)(_policy_loss(name))
+        REGISTERED_LOSSES.append(name)
+
+
+try:
+    register()
+except Exception:  # verl would swallow it at DEBUG level: say it where it will be seen
+    REGISTRATION_ERROR = traceback.format_exc()
+    log.error("rl_factory could not register its estimators and losses with verl:\n%s", REGISTRATION_ERROR)
+    print(f"[rl_factory] ERROR: registering with verl failed:\n{REGISTRATION_ERROR}", file=sys.stderr)

@@ -1,0 +1,41 @@
+"""A trajectory as JSON, so it can travel from verl's agent-loop worker to its reward worker.
+
+verl scores a trajectory in a separate Ray actor (RewardLoopWorker) that sees only the decoded text
+and the agent loop's `extra_fields`. Our reward functions want the whole picture (messages, every
+tool call and result, the dataset row), so the agent loop puts this record in `extra_fields` as one
+JSON string (strings pass through verl's TransferQueue and DataProto untouched) and
+`rl_factory.backends.verl.reward` rebuilds the `Trajectory` from it. Token ids of the prompt and
+observations are left out (the reward never reads them); generated ids stay, for `num_tokens`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
+
+RECORD_KEY = "rl_factory_trajectory"
+
+
+def to_record(traj: Trajectory) -> str:
+    turns = [{
+        "generated_ids": t.generated_ids, "text": t.text,
+        "tool_calls": [dataclasses.asdict(c) for c in t.tool_calls],
+        "tool_results": [{**dataclasses.asdict(r), "call": dataclasses.asdict(r.call)} for r in t.tool_results],
+    } for t in traj.turns]
+    record = {"sample_index": traj.sample_index, "messages": traj.messages, "turns": turns,
+              "stop_reason": traj.stop_reason, "sample": traj.sample}
+    return json.dumps(record, default=str)
+
+
+def from_record(text: str) -> Trajectory:
+    record: dict[str, Any] = json.loads(text)
+    turns = []
+    for t in record["turns"]:
+        results = [ToolResult(**{**r, "call": ToolCall(**r["call"])}) for r in t["tool_results"]]
+        turns.append(Turn(generated_ids=t["generated_ids"], logprobs=[], text=t["text"],
+                          tool_calls=[ToolCall(**c) for c in t["tool_calls"]], tool_results=results))
+    return Trajectory(sample_index=record["sample_index"], prompt_ids=[], token_ids=[], loss_mask=[], logprobs=[],
+                      messages=record["messages"], turns=turns, stop_reason=record["stop_reason"],
+                      sample=record["sample"])

@@ -1,0 +1,79 @@
+"""Our reward as verl's `reward.custom_reward_function` (path `pkg://rl_factory.backends.verl.reward`).
+
+verl calls `compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)` in its
+RewardLoopWorker actors, one trajectory at a time, as each rollout finishes. `solution_str` is the
+decoded response *including tool observations*, which is not what our rewards score; instead the
+trajectory record our agent loop put in `extra_fields` (merged by verl into `extra_info`) is turned
+back into a `Trajectory`, and the run's reward (`reward.function` or weighted `reward.functions`, plus
+process rewards with `outcome_mode: sum`) scores it exactly as in the embedded backend. The launcher
+passes our `reward` and `env.tools` config as `reward_kwargs`.
+
+A reward that names `tools` gets the manifest's tools: the env is opened lazily in the reward worker
+and its servers start only if the reward calls one. Component scores and counters come back as
+verl's `reward_extra_info` (logged per step by verl).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from rl_factory.backends.verl.records import RECORD_KEY, from_record
+from rl_factory.components import EnvConfig, open_env
+from rl_factory.config import section
+from rewards.combine import RewardConfig, build_reward
+from rewards.process import ProcessReward
+
+_SCORERS: dict[str, _Scorer] = {}
+
+
+class _Scorer:
+    """The reward, process reward and (lazy) tool env of one reward worker process."""
+
+    def __init__(self, reward_cfg: dict[str, Any], tools: Any):
+        cfg = section({"reward": reward_cfg}, "reward", RewardConfig)
+        self.reward = build_reward(cfg)
+        self.process = ProcessReward(cfg.process, on_error=cfg.on_error)
+        self.tools_cfg, self.env, self._lock = EnvConfig(tools=tools), None, asyncio.Lock()
+
+    async def tools(self) -> Any:
+        async with self._lock:
+            if self.env is None:  # entering starts nothing; a server starts on the reward's first call
+                self.env = await open_env(self.tools_cfg).__aenter__()
+        return self.env
+
+    async def __call__(self, record: str) -> dict[str, Any]:
+        traj = from_record(record)
+        traj.reward, traj.reward_info = await self.reward.score(traj, await self.tools())
+        result = {"score": traj.reward}
+        if self.process.enabled:
+            result["process"] = sum(await self.process.score(traj))
+            result["score"] = self.process.outcome(traj)
+        result.update({f"reward/{k}": float(v) for k, v in traj.reward_info.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        return result
+
+
+async def compute_score(data_source: str = None, solution_str: str = None, ground_truth: str = None,
+                        extra_info: dict | None = None, rl_factory: Any = None, **_: Any) -> dict[str, Any]:
+    """verl's reward call; `rl_factory` = {"reward": our reward config, "tools": env.tools} (reward_kwargs)."""
+    extra_info = extra_info or {}
+    if RECORD_KEY not in extra_info:
+        raise ValueError(f"sample {extra_info.get('index')}: no {RECORD_KEY} in extra_info; this reward scores "
+                         "trajectories of rl_factory's agent loop (set rollout.agent.default_agent_loop=rl_factory)")
+    settings = _plain(rl_factory or {})
+    key = json.dumps(settings, sort_keys=True, default=str)
+    if key not in _SCORERS:
+        _SCORERS[key] = _Scorer(settings.get("reward") or {}, settings.get("tools"))
+    return await _SCORERS[key](extra_info[RECORD_KEY])
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (verl passes reward_kwargs as they are in its config) as plain dicts/lists."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -1,0 +1,201 @@
+"""Our agent loop inside verl's own AgentLoopWorker, on CPU, against the real verl package.
+
+The only fake is verl's LLM server client (vLLM needs a GPU): `ScriptedServer.generate` returns
+scripted token ids and distinct log-probs in verl's `TokenOutput`. Everything else is real: the data
+goes through our converter and verl's RLHFDataset and collate_fn, verl's AgentLoopWorker loads our loop
+from agent_loop.yaml by path and instantiates it per sample, our loop runs the calculator MCP server,
+and verl pads the result into its DataProto. The expected ids are built from the chat template, not
+from our ChatFormat.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from rl_factory.backends.verl.config import compose_verl  # noqa: E402
+from rl_factory.backends.verl.data import convert  # noqa: E402
+from rl_factory.backends.verl.launcher import absolute  # noqa: E402
+from rl_factory.backends.verl.records import RECORD_KEY, from_record  # noqa: E402
+from rl_factory.backends.verl.reward import compute_score  # noqa: E402
+from rl_factory.components import DataConfig  # noqa: E402
+from rl_factory.config import load_config, section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
+OBSERVATION = "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+QUESTION = "What is 347 * 29?"
+
+
+class ScriptedServer:
+    """verl's LLMServerClient.generate, scripted per request id: turn k of a trajectory gets script[k]."""
+
+    def __init__(self, tokenizer, scripts: list[list[str]]):
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.turns: dict[str, int] = {}
+        self.order: dict[str, int] = {}  # request id -> which script (first come, first served)
+        self.calls: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                           "sampling_params": dict(sampling_params)})
+        script = self.scripts[self.order.setdefault(request_id, len(self.order))]
+        turn = self.turns.get(request_id, 0)
+        self.turns[request_id] = turn + 1
+        ids = self.tokenizer.encode(script[turn], add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        first = 1000 * turn
+        return TokenOutput(token_ids=ids, log_probs=[-(first + k + 1) / 1000 for k in range(len(ids))],
+                           stop_reason="completed")
+
+
+@pytest.fixture()
+def verl_setup(tmp_path, tiny_model_dir):
+    """Our config for a calculator run composed into verl's, with the data converted for verl."""
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": QUESTION, "answer": "10063", "topic": "arith"}) + "\n")
+
+    def make(*overrides: str):
+        ours = load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}", f"data.val_files={data}",
+                                    f"trainer.output_dir={tmp_path / 'run'}", "rollout.n=3", *overrides])
+        ours = absolute(ours)
+        files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), tmp_path / "verl_data").items()}
+        cfg = compose_verl(ours, [], files, str(tiny_model_dir))
+        OmegaConf.resolve(cfg)
+        return cfg, files
+    return make
+
+
+def load_rows(cfg, files, split="train"):
+    """Dataset rows exactly as verl's trainer batches them."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.utils.tokenizer import hf_tokenizer
+
+    dataset = RLHFDataset(data_files=files[split], tokenizer=hf_tokenizer(cfg.actor_rollout_ref.model.path),
+                          config=cfg.data)
+    return collate_fn([dataset[i] for i in range(len(dataset))])
+
+
+def make_worker(cfg, server):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    return AgentLoopWorker(cfg, llm_client=server)
+
+
+def test_two_turn_tool_trajectory_through_verls_worker(verl_setup):
+    from verl.protocol import DataProto
+
+    cfg, files = verl_setup()
+    batch = load_rows(cfg, files)
+    assert json.loads(batch["rl_factory_sample"][0])["topic"] == "arith"  # every dataset column survives
+    server = None
+
+    async def run():
+        nonlocal server
+        worker = make_worker(cfg, None)
+        server = ScriptedServer(worker.tokenizer, [[CALL, "The answer is 10063."]])
+        worker.llm_client = server
+        out = await worker.generate_sequences(DataProto.from_single_dict(batch, meta_info={"global_steps": 1}))
+        return worker, out
+
+    worker, out = asyncio.run(run())
+    tok = worker.tokenizer
+    # Expected ids from the chat template and literal template text, independent of ChatFormat.
+    first, second = server.calls
+    prompt = first["prompt_ids"]
+    rendered = tok.apply_chat_template([{"role": "user", "content": QUESTION}], tools=_tool_schemas(),
+                                       tokenize=False, add_generation_prompt=True)
+    assert prompt == tok.encode(rendered, add_special_tokens=False)
+    turn1 = tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]
+    turn2 = tok.encode("The answer is 10063.", add_special_tokens=False) + [tok.eos_token_id]
+    observation = tok.encode(OBSERVATION, add_special_tokens=False)
+    assert second["prompt_ids"] == prompt + turn1 + observation  # the history is appended, never re-rendered
+    assert first["request_id"] == second["request_id"]  # sticky routing: one request id per trajectory
+    assert first["sampling_params"]["max_tokens"] == cfg.rl_factory.rollout.max_response_tokens
+
+    # verl's padded batch: prompt left-padded, response = turn1 + observation + turn2, then padding.
+    response = turn1 + observation + turn2
+    n = len(response)
+    prompts, responses = out.batch["prompts"][0].tolist(), out.batch["responses"][0].tolist()
+    assert prompts[-len(prompt):] == prompt and out.batch["attention_mask"][0, -n - (len(responses) - n):].sum() == n
+    assert responses[:n] == response
+    mask = out.batch["response_mask"][0].tolist()
+    assert mask[:n] == [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2) and sum(mask[n:]) == 0
+    logprobs = out.batch["rollout_log_probs"][0].tolist()
+    expected_lp = ([-(k + 1) / 1000 for k in range(len(turn1))] + [0.0] * len(observation)
+                   + [-(1000 + k + 1) / 1000 for k in range(len(turn2))])
+    assert np.allclose(logprobs[:n], expected_lp)
+    assert out.non_tensor_batch["__num_turns__"][0] == 4  # user, assistant, tool, assistant
+
+    # The trajectory record reaches the reward, which scores it like the embedded backend does.
+    # (verl flattens extra_fields into the batch; its reward worker merges them into extra_info)
+    extra = {k: out.non_tensor_batch[k][0] for k in (RECORD_KEY, "tool_calls", "tool_errors", "stop_reason")}
+    assert extra["tool_calls"] == 1 and extra["tool_errors"] == 0 and extra["stop_reason"] == "answer"
+    traj = from_record(extra[RECORD_KEY])
+    assert traj.tool_results[0].text == "10063" and traj.completion == "The answer is 10063."
+    reward_kwargs = OmegaConf.to_container(cfg.reward.custom_reward_function.reward_kwargs)
+    score = asyncio.run(compute_score("rl_factory", "ignored", "10063",
+                                      extra_info={**extra, "index": 0}, **reward_kwargs))
+    assert score["score"] == 1.0
+
+
+def _tool_schemas():
+    from envs import ToolEnv
+
+    async def schemas():
+        async with ToolEnv.from_manifest(ROOT / "configs" / "tools" / "calculator.yaml") as env:
+            return await env.list_tools()
+    return asyncio.run(schemas())
+
+
+def test_arena_plays_the_group_in_the_worker(verl_setup):
+    """V1 runs a prompt's n sessions in one worker (`_run_prompt`); they meet and get tournament scores."""
+    cfg, files = verl_setup("algorithm.advantage=arena")
+    batch = load_rows(cfg, files)
+    kwargs = {k: v[0] for k, v in batch.items() if not hasattr(v, "shape") or v.dtype == object}
+    kwargs.pop("agent_name", None)
+    wrong = [CALL, "The answer is 5."]
+    right = [CALL, "The answer is 10063."]
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [right, wrong, right])
+        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+        tasks = []
+        for session in range(3):  # as AgentLoopWorkerTQ._run_prompt does
+            trajectory = {"step": 1, "sample_index": 0, "rollout_n": session, "validate": False}
+            tasks.append(worker._run_agent_loop(sampling, trajectory, agent_name="rl_factory", trace=False,
+                                                uid="prompt-0", session_id=session, global_steps=1, **kwargs))
+            await asyncio.sleep(0.05)  # keep the script order = session order
+        return await asyncio.gather(*tasks)
+
+    outputs = asyncio.run(run())
+    scores = [o.reward_score for o in outputs]
+    assert scores[0] == scores[2] > scores[1]  # both right answers beat the wrong one
+    rankings = list((Path(cfg.rl_factory.trainer.output_dir) / "arena").glob("*/rankings.csv"))
+    assert len(rankings) == 1 and len(rankings[0].read_text().splitlines()) == 1 + 3
+
+
+def test_validation_rows_are_not_played(verl_setup):
+    """Validation runs val_kwargs.n rollouts per prompt: they are scored pointwise, never wait for a group."""
+    cfg, files = verl_setup("algorithm.advantage=arena")
+    batch = load_rows(cfg, files, split="val")
+    assert list(batch["rl_factory_split"]) == ["val"]
+
+    from verl.protocol import DataProto
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [["The answer is 10063."]])
+        return await asyncio.wait_for(
+            worker.generate_sequences(DataProto.from_single_dict(batch, meta_info={"validate": True})), 60)
+
+    out = asyncio.run(run())
+    assert out.non_tensor_batch["stop_reason"][0] == "answer"

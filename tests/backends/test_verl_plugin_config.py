@@ -1,0 +1,164 @@
+"""The verl plugin and the composed verl config, against the real verl package (CPU only).
+
+- A fresh Python process that only imports verl finds our estimators and loss in verl's registries
+  (that is what every Ray worker does), and they compute what ours compute.
+- `main_grpo.sh trainer.backend=verl --cfg job` prints the composed config without starting Ray, and
+  that config passes verl's own `validate_config` and its dataclass conversions.
+- Our keys map onto verl's; raw verl keys pass through and win; misspelled keys are named.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from rl_factory.algorithms.advantages import compute_advantages  # noqa: E402
+from rl_factory.algorithms.losses import ppo_clip_loss  # noqa: E402
+from rl_factory.backends.verl.config import compose_verl  # noqa: E402
+from rl_factory.backends.verl.launcher import absolute  # noqa: E402
+from rl_factory.config import ConfigError, load_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+def test_a_fresh_process_importing_verl_sees_our_estimators_and_loss():
+    probe = r"""
+import json, torch, verl
+from verl.trainer.ppo import core_algos as c
+from verl.workers.config import ActorConfig
+rewards = torch.tensor([1.0, 0.0, 0.5, 2.0, 2.0, 1.0])
+mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+token_rewards = torch.zeros(6, 3)
+last = mask.sum(-1).long() - 1
+token_rewards[torch.arange(6), last] = rewards
+index = ["a", "a", "a", "b", "b", "b"]
+out = {"estimators": sorted(k for k in c.ADV_ESTIMATOR_REGISTRY if k in
+       ("arena", "dr_grpo", "reinforce_pp", "rl_factory_grpo", "rl_factory_rloo")),
+       "losses": [k for k in c.POLICY_LOSS_REGISTRY if k == "ppo_clip"]}
+for name in ("arena", "dr_grpo", "rl_factory_grpo"):
+    adv, ret = c.get_adv_estimator_fn(name)(token_level_rewards=token_rewards, response_mask=mask, index=index)
+    out[name] = adv.tolist()
+torch.manual_seed(0)
+old, new = torch.randn(6, 3), torch.randn(6, 3)
+adv = torch.randn(6)
+cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=1)
+loss, metrics = c.get_policy_loss_fn("ppo_clip")(old, new, adv[:, None] * mask, mask, "token-mean", cfg)
+out["loss"], out["clipfrac"] = loss.item(), metrics["actor/pg_clipfrac"]
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
+    run = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["estimators"] == ["arena", "dr_grpo", "reinforce_pp", "rl_factory_grpo", "rl_factory_rloo"]
+    assert out["losses"] == ["ppo_clip"]
+
+    rewards, groups = [1.0, 0.0, 0.5, 2.0, 2.0, 1.0], [0, 0, 0, 1, 1, 1]
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+    for name, ours in [("arena", compute_advantages("arena", rewards, groups, scores=rewards)),
+                       ("dr_grpo", compute_advantages("dr_grpo", rewards, groups)),
+                       ("rl_factory_grpo", compute_advantages("grpo", rewards, groups))]:
+        # verl's call gives per-token advantages: ours broadcast over each response's tokens
+        assert torch.allclose(torch.tensor(out[name]), ours[:, None] * mask, atol=1e-6), name
+
+    torch.manual_seed(0)
+    old, new, adv = torch.randn(6, 3), torch.randn(6, 3), torch.randn(6)
+    ours, metrics = ppo_clip_loss(new, old, adv[:, None] * mask, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    assert out["loss"] == pytest.approx(ours.item(), abs=1e-6)
+    assert out["clipfrac"] == pytest.approx(metrics["clipfrac"], abs=1e-6)
+
+
+def test_disabling_plugins_leaves_verl_without_our_names():
+    """The registration above really comes from the entry point (verl's own switch turns it off)."""
+    probe = "import verl; from verl.trainer.ppo import core_algos as c; print('arena' in c.ADV_ESTIMATOR_REGISTRY)"
+    run = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
+    run = subprocess.run(["bash", "main_grpo.sh", "trainer.backend=verl", "rollout.n=4",
+                          "trainer.n_gpus_per_node=2", "algorithm.advantage=arena",
+                          f"trainer.output_dir={tmp_path / 'run'}", "--cfg", "job"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHON": PYTHON})
+    assert run.returncode == 0, run.stderr[-2000:]
+    cfg = yaml.safe_load(run.stdout)
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 4
+    assert cfg["trainer"]["n_gpus_per_node"] == 2
+    assert cfg["algorithm"]["adv_estimator"] == "arena"
+    assert cfg["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] == "rl_factory"
+    assert Path(cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_config_path"]).is_file()
+    assert cfg["reward"]["custom_reward_function"]["path"] == "pkg://rl_factory.backends.verl.reward"
+    assert cfg["rl_factory"]["rollout"]["n"] == 4 and cfg["rl_factory"]["env"]["tools"].endswith("calculator.yaml")
+    assert "ray init" not in run.stdout + run.stderr and not (tmp_path / "run").exists()  # nothing started or written
+
+
+def compose(tmp_path, tiny_model_dir, overrides=(), raw=()):
+    ours = absolute(load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={tmp_path}", *overrides]))
+    return compose_verl(ours, list(raw), {"train": "/data/train.parquet", "val": "/data/val.parquet"},
+                        str(tiny_model_dir) + "/")
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "arena", "gae", "reinforce_pp"])
+def test_composed_config_passes_verls_own_validation(tmp_path, tiny_model_dir, advantage):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    cfg = compose(tmp_path, tiny_model_dir, [f"algorithm.advantage={advantage}", "algorithm.kl_coef=0.01"])
+    OmegaConf.resolve(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert need_critic(cfg) == (advantage == "gae") and need_reference_policy(cfg)  # kl_coef > 0: a reference model
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert rollout.n == 8 and rollout.agent.default_agent_loop == "rl_factory"
+    assert rollout.response_length == cfg.rl_factory.rollout.max_total_tokens
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.policy_loss.loss_mode == "ppo_clip" and actor.optim.lr == cfg.rl_factory.optim.lr
+    assert actor.kl_loss_coef == 0.01 and actor.use_kl_loss
+    assert omega_conf_to_dataclass(cfg.algorithm).adv_estimator == advantage
+    assert omega_conf_to_dataclass(cfg.critic).optim.lr == cfg.rl_factory.algorithm.critic.lr
+    assert not cfg.actor_rollout_ref.model.path.endswith("/")  # verl asserts on a trailing slash
+    assert cfg.trainer.default_local_dir == str(tmp_path / "checkpoints")
+
+
+def test_raw_verl_keys_win_over_the_mapping_and_typos_are_named(tmp_path, tiny_model_dir):
+    cfg = compose(tmp_path, tiny_model_dir, ["rollout.n=16"], raw=["actor_rollout_ref.rollout.n=4"])
+    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.rl_factory.rollout.n == 16
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size\?"):
+        compose(tmp_path, tiny_model_dir, raw=["actor_rollout_ref.rollout.tensor_model_paralel_size=2"])
+    # extra estimator options travel to every Ray worker in the runtime env
+    cfg = compose(tmp_path, tiny_model_dir, ["algorithm.advantage=reinforce_pp", "+algorithm.advantage_options.epsilon=0.001"])
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert json.loads(env_vars.RL_FACTORY_ADVANTAGE_OPTIONS) == {"epsilon": 0.001}
+    assert env_vars.VERL_FILE_LOGGER_PATH == str(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["trainer.n_gpus_per_nod=8"], "did you mean trainer.n_gpus_per_node"),
+    (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"], "anchor=greedy is not available"),
+    (["rollout.context=step", "algorithm.advantage=rloo"], "rollout.context=step on verl"),
+    (["algorithm.advantage=arena", "trainer.use_v1=false"], "needs trainer.use_v1=true"),
+])
+def test_bad_verl_configs_fail_with_one_line(args, message, tmp_path):
+    run = subprocess.run(["bash", "main_grpo.sh", "trainer.backend=verl", *args, "--cfg", "job"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": PYTHON})
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_verl_keys_are_unknown_to_the_embedded_backend():
+    run = subprocess.run(["bash", "main_grpo.sh", "trainer.n_gpus_per_node=8", "--cfg", "job"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": PYTHON})
+    assert run.returncode == 2 and "unknown config key trainer.n_gpus_per_node" in run.stderr
