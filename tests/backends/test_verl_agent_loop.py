@@ -19,69 +19,10 @@ import pytest
 pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
 
 from omegaconf import OmegaConf  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from rl_factory.backends.verl.config import compose_verl  # noqa: E402
-from rl_factory.backends.verl.data import convert  # noqa: E402
-from rl_factory.backends.verl.launcher import absolute  # noqa: E402
 from rl_factory.backends.verl.records import RECORD_KEY, from_record  # noqa: E402
 from rl_factory.backends.verl.reward import compute_score  # noqa: E402
-from rl_factory.components import DataConfig  # noqa: E402
-from rl_factory.config import load_config, section  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
-OBSERVATION = "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-QUESTION = "What is 347 * 29?"
-
-
-class ScriptedServer:
-    """verl's LLMServerClient.generate, scripted per request id: turn k of a trajectory gets script[k]."""
-
-    def __init__(self, tokenizer, scripts: list[list[str]]):
-        self.tokenizer, self.scripts = tokenizer, scripts
-        self.turns: dict[str, int] = {}
-        self.order: dict[str, int] = {}  # request id -> which script (first come, first served)
-        self.calls: list[dict] = []
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
-                           "sampling_params": dict(sampling_params)})
-        script = self.scripts[self.order.setdefault(request_id, len(self.order))]
-        turn = self.turns.get(request_id, 0)
-        self.turns[request_id] = turn + 1
-        ids = self.tokenizer.encode(script[turn], add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        first = 1000 * turn
-        return TokenOutput(token_ids=ids, log_probs=[-(first + k + 1) / 1000 for k in range(len(ids))],
-                           stop_reason="completed")
-
-
-@pytest.fixture()
-def verl_setup(tmp_path, tiny_model_dir):
-    """Our config for a calculator run composed into verl's, with the data converted for verl."""
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": QUESTION, "answer": "10063", "topic": "arith"}) + "\n")
-
-    def make(*overrides: str):
-        ours = load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}", f"data.val_files={data}",
-                                    f"trainer.output_dir={tmp_path / 'run'}", "rollout.n=3", *overrides])
-        ours = absolute(ours)
-        files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), tmp_path / "verl_data").items()}
-        cfg = compose_verl(ours, [], files, str(tiny_model_dir))
-        OmegaConf.resolve(cfg)
-        return cfg, files
-    return make
-
-
-def load_rows(cfg, files, split="train"):
-    """Dataset rows exactly as verl's trainer batches them."""
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-    from verl.utils.tokenizer import hf_tokenizer
-
-    dataset = RLHFDataset(data_files=files[split], tokenizer=hf_tokenizer(cfg.actor_rollout_ref.model.path),
-                          config=cfg.data)
-    return collate_fn([dataset[i] for i in range(len(dataset))])
-
+from tests.backends.conftest import CALL, OBSERVATION, QUESTION, ROOT, ScriptedServer, load_rows  # noqa: E402
 
 def make_worker(cfg, server):
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker

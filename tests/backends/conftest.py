@@ -1,0 +1,73 @@
+"""Shared pieces of the verl backend tests: a scripted LLM server and a composed verl config."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
+OBSERVATION = "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+QUESTION = "What is 347 * 29?"
+
+
+class ScriptedServer:
+    """verl's LLMServerClient.generate, scripted per request id: turn k of a trajectory gets script[k].
+
+    Request ids take the scripts in the order they first arrive; every token gets a distinct log-prob.
+    """
+
+    def __init__(self, tokenizer, scripts: list[list[str]]):
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.turns: dict[str, int] = {}
+        self.order: dict[str, int] = {}
+        self.calls: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                           "sampling_params": dict(sampling_params)})
+        script = self.scripts[self.order.setdefault(request_id, len(self.order))]
+        turn = self.turns.get(request_id, 0)
+        self.turns[request_id] = turn + 1
+        ids = self.tokenizer.encode(script[turn], add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        first = 1000 * turn
+        return TokenOutput(token_ids=ids, log_probs=[-(first + k + 1) / 1000 for k in range(len(ids))],
+                           stop_reason="completed")
+
+
+@pytest.fixture()
+def verl_setup(tmp_path, tiny_model_dir):
+    """make(*overrides) -> (verl config composed from ours, converted data files) for a calculator run."""
+    from omegaconf import OmegaConf
+
+    from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.data import convert
+    from rl_factory.backends.verl.launcher import absolute
+    from rl_factory.components import DataConfig
+    from rl_factory.config import load_config, section
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": QUESTION, "answer": "10063", "topic": "arith"}) + "\n")
+
+    def make(*overrides: str):
+        ours = absolute(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}",
+                                             f"data.val_files={data}", f"trainer.output_dir={tmp_path / 'run'}",
+                                             "rollout.n=3", *overrides]))
+        files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), tmp_path / "verl_data").items()}
+        cfg = compose_verl(ours, [], files, str(tiny_model_dir))
+        OmegaConf.resolve(cfg)
+        return cfg, files
+    return make
+
+
+def load_rows(cfg, files, split="train"):
+    """Dataset rows exactly as verl's trainer batches them (our converter, verl's RLHFDataset)."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.utils.tokenizer import hf_tokenizer
+
+    dataset = RLHFDataset(data_files=files[split], tokenizer=hf_tokenizer(cfg.actor_rollout_ref.model.path),
+                          config=cfg.data)
+    return collate_fn([dataset[i] for i in range(len(dataset))])

@@ -1,0 +1,101 @@
+"""verl's V1 rollout path end to end on CPU: Ray, TransferQueue, AgentLoopManagerTQ, RewardLoopWorker.
+
+What the trainer does each step, minus the GPUs: the batch goes to verl's AgentLoopManagerTQ, whose
+AgentLoopWorkerTQ actor runs n sessions per prompt with our agent loop (loaded from our YAML by path,
+in a Ray worker process that got our plugin through the entry point), our reward runs inside verl's
+RewardLoopWorker actor through `reward.custom_reward_function`, and the results land in TransferQueue
+where the trainer reads them. Only the LLM server is scripted (vLLM needs a GPU).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+ray = pytest.importorskip("ray")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E402
+
+RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray.cloudpickle
+
+    # The scripted server is test code: ship it to the workers by value, not by import.
+    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.backends.conftest"])
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def rollout_step(cfg, files, scripts):
+    """One V1 generation step as verl's trainer runs it; returns the rows read back from TransferQueue."""
+    import transfer_queue as tq
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.tokenizer import hf_tokenizer
+
+    tq.init(cfg.transfer_queue)
+    try:
+        reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
+        server = ScriptedServer(hf_tokenizer(cfg.actor_rollout_ref.model.path), scripts)
+        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=server, teacher_client=None,
+                                            reward_loop_worker_handles=[reward_worker])
+        batch_dict = load_rows(cfg, files)
+        batch_dict["uid"] = np.array(["prompt-0"], dtype=object)
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", 1)
+        tq.kv_batch_put(keys=["prompt-0"], partition_id="train",
+                        tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}])
+        manager.generate_sequences(batch)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            status = tq.kv_list(partition_id="train").get("train", {}).get("prompt-0", {}).get("status")
+            if status in ("finished", "failure"):
+                break
+            time.sleep(0.5)
+        assert status == "finished", status
+        keys = [f"prompt-0_{s}_0" for s in range(cfg.actor_rollout_ref.rollout.n)]
+        return tq.kv_batch_get(keys=keys, partition_id="train")
+    finally:
+        tq.close()
+
+
+def _decoded_answers(cfg, data):
+    from verl.utils.tokenizer import hf_tokenizer
+
+    tok = hf_tokenizer(cfg.actor_rollout_ref.model.path)
+    out = []
+    for i in range(len(data)):
+        ids, mask = data["responses"][i].tolist(), data["response_mask"][i].tolist()
+        out.append(tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=True))
+    return out
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "arena"])
+def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
+    cfg, files = verl_setup(f"algorithm.advantage={advantage}")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    data = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    answers = _decoded_answers(cfg, data)
+    scores = [float(data["rm_scores"][i].sum()) for i in range(len(data))]
+    right = ["10063." in a.rsplit("answer is", 1)[-1] for a in answers]
+    assert sorted(right) == [False, True, True]  # each session followed one script
+    for i in range(len(data)):
+        mask = data["response_mask"][i].tolist()
+        assert mask[0] == 1 and 0 in mask and mask[-1] == 1  # generated, tool observation, generated
+        assert len(data["rollout_log_probs"][i]) == len(mask)
+    if advantage == "grpo":  # pointwise: our reward, run by verl's RewardLoopWorker
+        assert scores == [1.0 if r else 0.0 for r in right]
+    else:  # the tournament's scores: both right answers beat the wrong one
+        wrong = right.index(False)
+        assert all(scores[i] > scores[wrong] for i in range(len(data)) if right[i])
