@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,24 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
     return run(cfg)
 
 
+def check_gpus(cfg: DictConfig) -> None:
+    """verl has no CPU platform and would wait forever for GPUs it cannot get: say so up front.
+
+    With RAY_ADDRESS set the job goes to a running Ray cluster, whose GPUs this machine cannot see.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    import torch
+
+    wanted, found = cfg.trainer.n_gpus_per_node, torch.cuda.device_count()
+    if cfg.trainer.nnodes > 1:
+        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes}: start Ray on every node and set RAY_ADDRESS "
+                          "to the head node (README: Scaling out)")
+    if found < wanted:
+        raise ConfigError(f"trainer.n_gpus_per_node={wanted} but this machine has {found} CUDA device(s); the verl "
+                          "backend trains on GPUs only (use trainer.backend=embedded on CPU)")
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -134,6 +153,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except (AssertionError, ValueError) as exc:
         raise ConfigError(f"verl rejected the config: {exc}") from None
+    check_gpus(cfg)
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
