@@ -39,12 +39,6 @@ def _train_embedded(cfg, raw_overrides: list[str], print_only: str | None):
 
 
 def _train_verl(cfg, raw_overrides: list[str], print_only: str | None):
-    try:
-        import verl  # noqa: F401  (its import runs our verl.plugins entry point)
-    except ImportError as exc:
-        from rl_factory.config import ConfigError
-        raise ConfigError(f"trainer.backend=verl needs verl: pip install -e '.[verl]' (and '.[vllm]' on GPU "
-                          f"nodes) ({exc})") from None
     from rl_factory.backends.verl.launcher import train
     return train(cfg, raw_overrides, print_only)
 

@@ -178,3 +178,24 @@ def test_a_machine_without_gpus_is_told_so_instead_of_waiting(tmp_path, tiny_mod
     import pyarrow.parquet as pq
     rows = pq.read_table(tmp_path / "verl_data" / "train.parquet").to_pylist()
     assert len(rows) == 2000 and rows[0]["rl_factory_split"] == "train" and rows[0]["prompt"][0]["role"] == "user"
+
+
+def test_a_failed_registration_is_loud_and_stops_the_launcher():
+    """verl swallows plugin errors at DEBUG level; ours says so at ERROR and the launcher refuses to start."""
+    probe = r"""
+import verl  # plugins disabled below: our module has not run
+from verl.trainer.ppo import core_algos
+core_algos.register_adv_est("arena")(lambda **kw: None)  # somebody else's "arena"
+import rl_factory.backends.verl.plugin as plugin
+from rl_factory.backends.verl.launcher import check_plugin
+try:
+    check_plugin("arena", "ppo_clip")
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc).splitlines()[0])
+"""
+    run = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "ERROR: registering with verl failed" in run.stderr
+    assert "verl already has an advantage estimator named 'arena'" in run.stderr
+    assert "REFUSED ConfigError rl_factory's verl plugin failed to register:" in run.stdout

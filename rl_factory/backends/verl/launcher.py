@@ -103,6 +103,11 @@ def model_path(ours: DictConfig, build: bool) -> str:
 
 def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
     """Run (or with `print_only` = "job" / "resolve", print) the verl training job for our config."""
+    try:
+        import verl  # noqa: F401  (importing verl runs our verl.plugins entry point)
+    except ImportError as exc:
+        raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl, or pip install -e '.[verl]' "
+                          f"('.[verl,vllm]' on GPU nodes) ({exc})") from None
     from rl_factory.backends.verl.config import compose_verl
 
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)

@@ -110,7 +110,7 @@ def registered_name(name: str) -> str:
 
 
 def register() -> None:
-    """Add our estimators and losses to verl's registries (idempotent within a process)."""
+    """Add our estimators and losses to verl's registries (runs once per process, at `import verl`)."""
     from verl.trainer.ppo import core_algos
 
     from rl_factory.algorithms.advantages import ADVANTAGES
@@ -120,13 +120,21 @@ def register() -> None:
         if name in TOKEN_LEVEL:
             continue
         key = registered_name(name)
-        if key not in core_algos.ADV_ESTIMATOR_REGISTRY:
-            core_algos.register_adv_est(key)(_outcome_estimator(name))
+        _check_free(core_algos.ADV_ESTIMATOR_REGISTRY, key, "an advantage estimator")
+        core_algos.register_adv_est(key)(_outcome_estimator(name))
         REGISTERED_ESTIMATORS.append(key)
     for name in sorted(POLICY_LOSS_TERMS):
-        if name not in core_algos.POLICY_LOSS_REGISTRY:
-            core_algos.register_policy_loss(name)(_policy_loss(name))
+        _check_free(core_algos.POLICY_LOSS_REGISTRY, name, "a policy loss")
+        core_algos.register_policy_loss(name)(_policy_loss(name))
         REGISTERED_LOSSES.append(name)
+
+
+def _check_free(registry: dict[str, Any], name: str, kind: str) -> None:
+    """A name verl (or another plugin) already uses must not silently become ours, nor stay theirs."""
+    existing = registry.get(name)
+    if existing is not None:
+        raise RuntimeError(f"verl already has {kind} named {name!r} "
+                           f"({existing.__module__}.{existing.__qualname__}); rl_factory's cannot be registered")
 
 
 try:
