@@ -74,6 +74,8 @@ def test_two_turn_tool_trajectory_through_verls_worker(verl_setup):
                    + [-(1000 + k + 1) / 1000 for k in range(len(turn2))])
     assert np.allclose(logprobs[:n], expected_lp)
     assert out.non_tensor_batch["__num_turns__"][0] == 4  # user, assistant, tool, assistant
+    # weight versions for verl's staleness control: the first turn's min, the last turn's max
+    assert (out.non_tensor_batch["min_global_steps"][0], out.non_tensor_batch["max_global_steps"][0]) == (7, 8)
 
     # The trajectory record reaches the reward, which scores it like the embedded backend does.
     # (verl flattens extra_fields into the batch; its reward worker merges them into extra_info)

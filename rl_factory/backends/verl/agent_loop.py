@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 
 from envs import get_parser
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
@@ -54,16 +55,34 @@ class ServerEngine:
     def __init__(self, server_manager: Any, sampling_params: dict[str, Any], stop_ids: set[int]):
         self.server_manager, self.base, self.stop_ids = server_manager, dict(sampling_params), stop_ids
         self.request_id = uuid.uuid4().hex
+        # What the server reports besides tokens, kept as verl's ToolAgentLoop keeps it: the first turn's
+        # fields (weight versions, for the async trainers' staleness control), then the latest
+        # max_global_steps and summed speculative-decoding counters.
+        self.extra: dict[str, Any] = {}
+        self.num_preempted = -1
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": True}
         out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
                                                  sampling_params=sampling)
+        self._record(out)
         ids = list(out.token_ids)
         logprobs = list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)
         # vLLM reports "completed" for both eos and length stops; the last token tells them apart.
         finish = "stop" if ids and ids[-1] in self.stop_ids and out.stop_reason != "aborted" else "length"
         return Generation(ids, logprobs, finish)
+
+    def _record(self, out: Any) -> None:
+        if out.num_preempted is not None:
+            self.num_preempted = max(self.num_preempted, 0) + out.num_preempted
+        if not self.extra:
+            self.extra.update(out.extra_fields)
+            return
+        if out.extra_fields.get("max_global_steps"):
+            self.extra["max_global_steps"] = out.extra_fields["max_global_steps"]
+        for key in SPEC_DECODE_EXTRA_KEYS:
+            if key in out.extra_fields and key in self.extra:
+                self.extra[key] = int(self.extra[key]) + int(out.extra_fields[key])
 
     async def close(self) -> None:
         return None
@@ -156,7 +175,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         return to_outputs(traj, timing, score, self.rollout_config.response_length)
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
-                       ) -> tuple[Trajectory, dict[str, float]]:
+                       ) -> tuple[Trajectory, dict[str, Any]]:
         cfg = state.settings.rollout
         prompt_len = len(state.fmt.prompt_ids(sample["messages"]))
         if prompt_len > self.rollout_config.prompt_length:
@@ -170,10 +189,10 @@ class RLFactoryAgentLoop(AgentLoopBase):
         params = SamplingParams(float(sampling_params.get("temperature", 1.0)),
                                 float(sampling_params.get("top_p", 1.0)), cfg.max_response_tokens)
         traj = await agent.rollout(sample, int(kwargs.get("index", 0) or 0), params)
-        return traj, agent.timing()
+        return traj, {**agent.timing(), "server_extra": engine.extra, "num_preempted": engine.num_preempted}
 
 
-def to_outputs(traj: Trajectory, timing: dict[str, float], score: float | None,
+def to_outputs(traj: Trajectory, timing: dict[str, Any], score: float | None,
                response_length: int) -> AgentLoopOutput | list[AgentLoopOutput]:
     """verl's output(s) for one trajectory: one sequence (append policy) or one per turn (step policy).
 
@@ -181,10 +200,11 @@ def to_outputs(traj: Trajectory, timing: dict[str, float], score: float | None,
     `score` (ArenaRL) is set as `reward_score`, which makes verl skip its reward worker.
     """
     calls = traj.tool_calls
-    extra = {RECORD_KEY: to_record(traj), "tool_calls": len(calls),
+    extra = {**timing.get("server_extra", {}), RECORD_KEY: to_record(traj), "tool_calls": len(calls),
              "tool_errors": sum(not r.ok for r in traj.tool_results), "stop_reason": traj.stop_reason}
     metrics = AgentLoopMetrics(generate_sequences=timing.get("timing/generate_s", 0.0),
-                               tool_calls=timing.get("timing/tools_s", 0.0))
+                               tool_calls=timing.get("timing/tools_s", 0.0),
+                               num_preempted=timing.get("num_preempted", -1))
     num_turns = 1 + len(traj.turns) + sum(bool(t.tool_results) for t in traj.turns)
     pieces = [(s.token_ids, s.loss_mask, s.logprobs) for s in traj.steps] or \
         [(traj.token_ids, traj.loss_mask, traj.logprobs)]
