@@ -4,7 +4,8 @@ What the trainer does each step, minus the GPUs: the batch goes to verl's AgentL
 AgentLoopWorkerTQ actor runs n sessions per prompt with our agent loop (loaded from our YAML by path,
 in a Ray worker process that got our plugin through the entry point), our reward runs inside verl's
 RewardLoopWorker actor through `reward.custom_reward_function`, and the results land in TransferQueue
-where the trainer reads them. Only the LLM server is scripted (vLLM needs a GPU).
+where the trainer reads them and computes advantages with the configured estimator (verl's grpo, or our
+arena through the plugin). Only the LLM server is scripted (vLLM needs a GPU).
 """
 from __future__ import annotations
 
@@ -64,9 +65,28 @@ def rollout_step(cfg, files, scripts):
             time.sleep(0.5)
         assert status == "finished", status
         keys = [f"prompt-0_{s}_0" for s in range(cfg.actor_rollout_ref.rollout.n)]
-        return tq.kv_batch_get(keys=keys, partition_id="train")
+        return tq.kv_batch_get(keys=keys, partition_id="train"), advantages(cfg, keys)
     finally:
         tq.close()
+
+
+def advantages(cfg, keys):
+    """The trainer's advantage step on what the rollout left in TransferQueue (as V1's _compute_advantage)."""
+    import transfer_queue as tq
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    fields = ["uid", "response_mask", "rm_scores", "rollout_log_probs"]
+    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
+    data = DataProto(batch=data.to_padded_tensor())
+    data.batch["token_level_scores"] = data.batch["token_level_rewards"] = data.batch["rm_scores"]
+    data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+    data = compute_advantage_for_multi_trajectories(
+        data, batch_keys=keys, adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm)
+    mask = data.batch["response_mask"]
+    return [float(data.batch["advantages"][i][mask[i].bool()][0]) for i in range(len(keys))]
 
 
 def _decoded_answers(cfg, data):
@@ -85,7 +105,7 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
     cfg, files = verl_setup(f"algorithm.advantage={advantage}")
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
-    data = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
     answers = _decoded_answers(cfg, data)
     scores = [float(data["rm_scores"][i].sum()) for i in range(len(data))]
     right = ["10063." in a.rsplit("answer is", 1)[-1] for a in answers]
@@ -99,3 +119,5 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
     else:  # the tournament's scores: both right answers beat the wrong one
         wrong = right.index(False)
         assert all(scores[i] > scores[wrong] for i in range(len(data)) if right[i])
+    # verl's advantage step with the estimator the config names (verl's grpo, or our arena via the plugin)
+    assert all((a > 0) == r for a, r in zip(adv, right)) and abs(sum(adv)) < 1e-5
