@@ -142,3 +142,46 @@ def test_validation_rows_are_not_played(verl_setup):
 
     out = asyncio.run(run())
     assert out.non_tensor_batch["stop_reason"][0] == "answer"
+
+
+def test_prompt_carries_full_json_schemas_that_verls_tool_model_drops(verl_setup, tmp_path):
+    """A nested tool schema reaches the prompt whole; verl's own OpenAIFunctionToolSchema would cut it."""
+    (tmp_path / "trip_tools.py").write_text(
+        "def plan(stops: list[dict[str, int]], budget: float | None = None) -> str:\n"
+        '    """Plan a trip.\n\n    Args:\n        stops: the stops, each a mapping of city to nights.\n'
+        '        budget: the budget in euros.\n    """\n    return "ok"\n')
+    manifest = tmp_path / "tools.yaml"
+    manifest.write_text(f"functions: ['{tmp_path / 'trip_tools.py'}:plan']\n")
+    cfg, files = verl_setup(f"env.tools={manifest}")
+    batch = load_rows(cfg, files)
+
+    from verl.protocol import DataProto
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    from envs import ToolEnv
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [["No tool needed."]])
+        await worker.generate_sequences(DataProto.from_single_dict(batch, meta_info={"global_steps": 1}))
+        async with ToolEnv.from_manifest(manifest) as env:
+            return worker, worker.llm_client.calls[0]["prompt_ids"], await env.list_tools()
+
+    worker, prompt, schemas = asyncio.run(run())
+    (schema,) = schemas
+    stops = schema["function"]["parameters"]["properties"]["stops"]
+    assert stops["items"]["additionalProperties"] == {"type": "integer"}  # nested: a list of mappings
+    rendered = worker.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tools=schemas,
+                                                    tokenize=False, add_generation_prompt=True)
+    assert prompt == worker.tokenizer.encode(rendered, add_special_tokens=False)
+    assert '"additionalProperties": {"type": "integer"}' in worker.tokenizer.decode(prompt)
+    # verl's ToolAgentLoop would refuse the Optional parameter (anyOf, no "type") and cut the nested list
+    import copy
+
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="budget.type"):
+        OpenAIFunctionToolSchema.model_validate(schema)
+    no_budget = copy.deepcopy(schema)
+    del no_budget["function"]["parameters"]["properties"]["budget"]
+    dumped = OpenAIFunctionToolSchema.model_validate(no_budget).model_dump(exclude_unset=True, exclude_none=True)
+    assert "items" not in dumped["function"]["parameters"]["properties"]["stops"]
