@@ -64,8 +64,10 @@ def rollout_step(cfg, files, scripts):
                 break
             time.sleep(0.5)
         assert status == "finished", status
-        keys = [f"prompt-0_{s}_0" for s in range(cfg.actor_rollout_ref.rollout.n)]
-        return tq.kv_batch_get(keys=keys, partition_id="train"), advantages(cfg, keys)
+        # keys are {uid}_{session}_{output}: one output per trajectory, or one per turn (step context)
+        listing = tq.kv_list(partition_id="train").get("train", {})
+        keys = sorted(k for k in listing if k.startswith("prompt-0_"))
+        return keys, tq.kv_batch_get(keys=keys, partition_id="train"), advantages(cfg, keys)
     finally:
         tq.close()
 
@@ -105,7 +107,8 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
     cfg, files = verl_setup(f"algorithm.advantage={advantage}")
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
-    data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    assert keys == ["prompt-0_0_0", "prompt-0_1_0", "prompt-0_2_0"]
     answers = _decoded_answers(cfg, data)
     scores = [float(data["rm_scores"][i].sum()) for i in range(len(data))]
     right = ["10063." in a.rsplit("answer is", 1)[-1] for a in answers]
@@ -121,3 +124,26 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
         assert all(scores[i] > scores[wrong] for i in range(len(data)) if right[i])
     # verl's advantage step with the estimator the config names (verl's grpo, or our arena via the plugin)
     assert all((a > 0) == r for a, r in zip(adv, right)) and abs(sum(adv)) < 1e-5
+
+
+def test_v1_step_context_gives_one_sample_per_turn(ray_cluster, verl_setup):
+    """rollout.context=step: each turn is its own sample; verl scores the last and spreads grpo's advantage."""
+    cfg, files = verl_setup("rollout.context=step")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    assert keys == [f"prompt-0_{s}_{t}" for s in range(3) for t in range(2)]  # 3 sessions x 2 turns
+    from verl.utils.tokenizer import hf_tokenizer
+    tok = hf_tokenizer(cfg.actor_rollout_ref.model.path)
+    for i, key in enumerate(keys):
+        mask = data["response_mask"][i].tolist()
+        assert mask == [1] * len(mask)  # a step's response is that turn's generated tokens only
+        text = tok.decode(data["responses"][i].tolist(), skip_special_tokens=True)
+        assert ("<tool_call>" in text) == key.endswith("_0")
+    scores = [float(data["rm_scores"][i].sum()) for i in range(len(keys))]
+    right = [scores[i] == 1.0 for i in range(len(keys))]
+    assert sorted(right) == [False] * 2 + [True] * 4
+    for s in range(3):  # both samples of a session share its reward and its advantage
+        assert scores[2 * s] == scores[2 * s + 1] and adv[2 * s] == pytest.approx(adv[2 * s + 1])
+        assert (adv[2 * s] > 0) == right[2 * s]
+

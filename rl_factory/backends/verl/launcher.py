@@ -51,12 +51,13 @@ def check_supported(ours: DictConfig, verl_cfg: DictConfig | None = None) -> Non
     if roll.context == "step" and alg.advantage not in STEP_CONTEXT_ESTIMATORS:
         raise ConfigError(f"rollout.context=step on verl works with algorithm.advantage=grpo only (verl spreads a "
                           f"trajectory's advantage over its per-turn samples only for grpo); got {alg.advantage!r}")
+    if verl_cfg is not None and not verl_cfg.trainer.use_v1 and (roll.context == "step" or alg.advantage == "arena"):
+        what = "rollout.context=step" if roll.context == "step" else "algorithm.advantage=arena"
+        raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "
+                          "trajectory, and a prompt's n rollouts in one worker)")
     if alg.advantage == "arena":
         if alg.arena.anchor == "greedy":
             raise ConfigError("algorithm.arena.anchor=greedy is not available on the verl backend (use first or reference)")
-        if verl_cfg is not None and not verl_cfg.trainer.use_v1:
-            raise ConfigError("algorithm.advantage=arena on verl needs trainer.use_v1=true (the V1 trainer runs a "
-                              "prompt's n rollouts in one worker, where the tournament is played)")
     if ours.reward.process.function or ours.reward.process.tool_error_penalty:
         if ours.reward.process.outcome_mode != "sum":
             raise ConfigError("reward.process on verl is added to the outcome reward: set reward.process.outcome_mode=sum")
