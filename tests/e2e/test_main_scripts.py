@@ -326,3 +326,18 @@ def test_server_command_not_found_names_the_server_and_keeps_secrets(tmp_path):
     assert secret not in result.stdout + result.stderr + written
     assert yaml.safe_load((run / "config.yaml").read_text())["env"]["tools"]["mcpServers"]["ghost"]["env"] == \
         {"SERVICE_KEY": "***"}
+
+
+def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path):
+    """Hydra's `--cfg job`: the composed config (overrides applied) on stdout, no run directory, exit 0."""
+    import yaml
+
+    train = run_script("main_grpo.sh", "rollout.n=4", f"trainer.output_dir={tmp_path / 'run'}", "--cfg", "job")
+    assert train.returncode == 0, train.stderr[-2000:]
+    cfg = yaml.safe_load(train.stdout)
+    assert cfg["rollout"]["n"] == 4 and cfg["trainer"]["backend"] == "embedded"
+    assert not (tmp_path / "run").exists()
+    evaluate = run_script("main_eval.sh", "eval.n=2", "--cfg", "job")
+    assert evaluate.returncode == 0 and yaml.safe_load(evaluate.stdout)["eval"]["n"] == 2
+    bad = run_script("main_grpo.sh", "--cfg", "hydra")
+    assert bad.returncode == 2 and "only --cfg job is supported" in bad.stderr
