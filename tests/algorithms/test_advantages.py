@@ -170,7 +170,7 @@ def test_estimate_is_the_single_entry_point():
 
 def test_parity_with_verl_grpo_and_rloo():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos",
-                                     reason="verl is not installed (pip install -e '.[verl]' to run this parity test)")
+                                     reason="verl is not installed (bash setup.sh --dev (verl-cpu) to run this parity test)")
     gen = torch.Generator().manual_seed(0)
     for trial in range(5):
         groups, n, width = 6, 2 + trial, 7
@@ -194,7 +194,7 @@ def test_parity_with_verl_grpo_and_rloo():
 
 def test_parity_with_verl_gae():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos",
-                                     reason="verl is not installed (pip install -e '.[verl]' to run this parity test)")
+                                     reason="verl is not installed (bash setup.sh --dev (verl-cpu) to run this parity test)")
     gen = torch.Generator().manual_seed(1)
     mask = (torch.rand(8, 12, generator=gen) > 0.3).float()  # holes = tool observations
     values, token_rewards = torch.randn(8, 12, generator=gen), torch.randn(8, 12, generator=gen) * mask

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 from omegaconf import OmegaConf  # noqa: E402
 

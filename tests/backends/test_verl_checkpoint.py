@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 ROOT = Path(__file__).resolve().parents[2]
 

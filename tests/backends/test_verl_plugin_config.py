@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 from omegaconf import OmegaConf  # noqa: E402
 

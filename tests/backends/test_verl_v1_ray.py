@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("verl", reason="verl is an extra: pip install -e '.[verl]'")
+pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 ray = pytest.importorskip("ray")
 
 from omegaconf import OmegaConf  # noqa: E402

@@ -39,7 +39,7 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
     if advantage not in core_algos.ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.advantage: {advantage!r} is not in verl's estimator registry "
                           f"(known: {sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}); is rl_factory installed with "
-                          "`pip install -e .[verl]` so that its verl.plugins entry point exists?")
+                          "`bash setup.sh --verl` (or --verl-cpu) so that its verl.plugins entry point exists?")
     if policy_loss not in core_algos.POLICY_LOSS_REGISTRY:
         raise ConfigError(f"algorithm.policy_loss: {policy_loss!r} is not in verl's policy-loss registry "
                           f"(known: {sorted(core_algos.POLICY_LOSS_REGISTRY)})")
@@ -107,8 +107,8 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
     try:
         import verl  # noqa: F401  (importing verl runs our verl.plugins entry point)
     except ImportError as exc:
-        raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl, or pip install -e '.[verl]' "
-                          f"('.[verl,vllm]' on GPU nodes) ({exc})") from None
+        raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
+                          f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
     from rl_factory.backends.verl.config import compose_verl
 
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
