@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
 
 REWARD_FN_PATH = "pkg://rl_factory.backends.verl.reward"
+# our trainer.logger names -> verl's (jsonl -> verl's file logger, see VERL_FILE_LOGGER_PATH below)
 LOGGERS = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard", "wandb": "wandb"}
 # Options verl's algorithm config holds itself; the rest travel in OPTIONS_ENV (see plugin.py).
 VERL_OPTIONS = {"norm_by_std", "gamma", "lam"}
@@ -103,7 +105,10 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "trainer.validation_data_dir": str(out_dir / "rollouts_val") if t.save_rollouts else None,
         **_resume(t.resume),
     }
-    env_vars = {"VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+    # verl's file logger truncates its file when it starts and writes {"step", "data": {...}} with verl's
+    # metric names: one file per launch, beside (not as) our metrics.jsonl, so a resumed run loses nothing.
+    launch = time.strftime("%Y%m%d-%H%M%S")
+    env_vars = {"VERL_FILE_LOGGER_PATH": str(out_dir / "verl_metrics" / f"{launch}.jsonl"),
                 "TENSORBOARD_DIR": str(out_dir / "tensorboard")}
     extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}
     if extra_opts:

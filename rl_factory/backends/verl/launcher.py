@@ -161,7 +161,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"verl rejected the config: {exc}") from None
     check_gpus(cfg)
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "verl_metrics").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
     run_ppo(cfg, task_runner_class=TaskRunnerV1)
