@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from rewards.loader import RewardFn, RewardLoadError, load_reward
+from rl_factory.registry import Registry
 
 
 class RewardTimeout(TimeoutError):
@@ -56,19 +57,8 @@ class Executor:
         pass
 
 
-EXECUTORS: dict[str, type[Executor]] = {}
-
-
-def register_executor(name: str) -> Callable[[type[Executor]], type[Executor]]:
-    """Class decorator adding an executor to `EXECUTORS` under `name`; a taken name is an error."""
-
-    def decorator(cls: type[Executor]) -> type[Executor]:
-        if name in EXECUTORS:
-            raise ValueError(f"reward executor {name!r} is already registered")
-        EXECUTORS[name] = cls
-        return cls
-
-    return decorator
+EXECUTORS: Registry[type[Executor]] = Registry("reward executor")
+register_executor = EXECUTORS.register  # class decorator; a taken name is an error
 
 
 def get_executor(name: str, **options: Any) -> Executor:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, json_objects
+from rl_factory.registry import Registry
 
 DEFAULT_PROMPT = """\
 You are comparing two AI agents that answered the same user request, possibly by calling tools.
@@ -163,26 +164,14 @@ class JudgeConfig:
     max_tokens: int = 512
 
 
-JUDGES: dict[str, Callable[..., Any]] = {}
-
-
-def register_judge(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator adding a judge builder `fn(cfg: JudgeConfig, reward_fn) -> judge` to `JUDGES`."""
-
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in JUDGES:
-            raise ValueError(f"judge {name!r} is already registered")
-        JUDGES[name] = fn
-        return fn
-
-    return decorator
+# judge type -> builder `fn(cfg: JudgeConfig, reward_fn) -> judge`
+JUDGES: Registry[Callable[..., Any]] = Registry("judge type")
+register_judge = JUDGES.register
 
 
 def build_judge(cfg: JudgeConfig, reward_fn: Any = None) -> Any:
     """The judge `cfg.type` names; `reward_fn` is the run's reward (used by `type: reward`)."""
-    if cfg.type not in JUDGES:
-        raise KeyError(f"unknown judge type {cfg.type!r}; valid: {sorted(JUDGES)}")
-    return JUDGES[cfg.type](cfg, reward_fn)
+    return JUDGES.lookup(cfg.type)(cfg, reward_fn)
 
 
 class RewardComparator:

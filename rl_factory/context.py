@@ -16,34 +16,13 @@ from typing import Callable
 
 from rl_factory.chat import ChatFormat
 from rl_factory.engines.base import Generation
+from rl_factory.registry import Registry
 from rl_factory.types import Step
 
-CONTEXT_POLICIES: dict[str, type] = {}
-CONTEXT_PROCESSORS: dict[str, Callable[..., list[dict]]] = {}
-
-
-def register_context_policy(name: str):
-    def wrap(cls):
-        if name in CONTEXT_POLICIES:
-            raise ValueError(f"context policy {name!r} is already registered")
-        CONTEXT_POLICIES[name] = cls
-        return cls
-    return wrap
-
-
-def get_context_policy(name: str) -> type:
-    if name not in CONTEXT_POLICIES:
-        raise KeyError(f"unknown context policy {name!r}; valid: {sorted(CONTEXT_POLICIES)}")
-    return CONTEXT_POLICIES[name]
-
-
-def register_context_processor(name: str):
-    def wrap(fn):
-        if name in CONTEXT_PROCESSORS:
-            raise ValueError(f"context processor {name!r} is already registered")
-        CONTEXT_PROCESSORS[name] = fn
-        return fn
-    return wrap
+CONTEXT_POLICIES: Registry[type] = Registry("context policy")
+CONTEXT_PROCESSORS: Registry[Callable[..., list[dict]]] = Registry("context processor")
+register_context_policy, get_context_policy = CONTEXT_POLICIES.register, CONTEXT_POLICIES.lookup
+register_context_processor = CONTEXT_PROCESSORS.register
 
 
 @register_context_processor("full")
@@ -100,8 +79,7 @@ class StepContext:
 
     def __init__(self, fmt: ChatFormat, messages: list[dict], max_total_tokens: int,
                  processor: str = "last_turns", keep_turns: int = 2, **_):
-        if processor not in CONTEXT_PROCESSORS:
-            raise KeyError(f"unknown context processor {processor!r}; valid: {sorted(CONTEXT_PROCESSORS)}")
+        CONTEXT_PROCESSORS.lookup(processor)  # an unknown name fails here, listing the valid ones
         self.fmt, self.max_total_tokens = fmt, max_total_tokens
         self.process = lambda msgs: CONTEXT_PROCESSORS[processor](msgs, keep_turns=keep_turns)
         self.prompt_ids = fmt.prompt_ids(messages)

@@ -14,16 +14,10 @@ from typing import Callable
 
 import torch
 
-BUILTIN_MODELS: dict[str, Callable[..., Path]] = {}
+from rl_factory.registry import Registry
 
-
-def register_builtin_model(name: str):
-    def wrap(fn):
-        if name in BUILTIN_MODELS:
-            raise ValueError(f"builtin model {name!r} is already registered")
-        BUILTIN_MODELS[name] = fn
-        return fn
-    return wrap
+BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
+register_builtin_model = BUILTIN_MODELS.register
 
 
 @register_builtin_model("tiny-calculator")

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rl_factory.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -38,19 +39,8 @@ class LoggerBackend:
         pass
 
 
-LOGGERS: dict[str, type[LoggerBackend]] = {}
-
-
-def register_logger(name: str) -> Callable[[type[LoggerBackend]], type[LoggerBackend]]:
-    """Class decorator adding a backend to `LOGGERS` under `name`; a taken name is an error."""
-
-    def decorator(cls: type[LoggerBackend]) -> type[LoggerBackend]:
-        if name in LOGGERS:
-            raise ValueError(f"logger {name!r} is already registered")
-        LOGGERS[name] = cls
-        return cls
-
-    return decorator
+LOGGERS: Registry[type[LoggerBackend]] = Registry("logger")
+register_logger = LOGGERS.register  # class decorator; a taken name is an error
 
 
 @register_logger("console")

@@ -14,9 +14,9 @@ format whose values are untyped text (qwen3_xml) needs them to coerce values; ot
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
+from rl_factory.registry import Registry
 from rl_factory.types import ToolCall
 
 
@@ -26,17 +26,8 @@ class ToolCallParser(Protocol):
         ...
 
 
-PARSERS: dict[str, type] = {}
-
-
-def register_parser(name: str) -> Callable[[type], type]:
-    """Class decorator adding a parser under `name`; a second parser of the same name is an error."""
-    def add(cls: type) -> type:
-        if name in PARSERS:
-            raise ValueError(f"tool-call parser {name!r} is already registered ({PARSERS[name].__name__})")
-        PARSERS[name] = cls
-        return cls
-    return add
+PARSERS: Registry[type] = Registry("tool-call parser")
+register_parser = PARSERS.register  # class decorator; a second parser of the same name is an error
 
 
 def get_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParser:
@@ -46,9 +37,7 @@ def get_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCall
         name: registry key, e.g. "hermes" or "qwen3_xml".
         tools: the OpenAI-shape tool schemas the model was shown (`env.tools`), if any.
     """
-    if name not in PARSERS:
-        raise KeyError(f"unknown tool-call parser {name!r}; valid: {sorted(PARSERS)}")
-    return PARSERS[name](tools=tools)
+    return PARSERS.lookup(name)(tools=tools)
 
 
 # Imported last: these modules register themselves with the decorator above.

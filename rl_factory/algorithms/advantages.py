@@ -38,10 +38,11 @@ from typing import Any
 
 import torch
 
+from rl_factory.registry import Registry
 from rl_factory.types import Group
 
 AdvantageFn = Callable[..., torch.Tensor]
-ADVANTAGES: dict[str, AdvantageFn] = {}
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {}
 
 
@@ -103,10 +104,7 @@ def register_advantage(name: str, requires: Sequence[str] = ()) -> Callable[[Adv
         raise ValueError(f"advantage {name!r} requires unknown inputs {unknown}; known: {sorted(known)}")
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is already registered "
-                             f"(by {ADVANTAGES[name].__module__}.{ADVANTAGES[name].__qualname__})")
-        ADVANTAGES[name] = fn
+        ADVANTAGES.register(name)(fn)
         REQUIRED_INPUTS[name] = tuple(requires)
         return fn
 
@@ -115,9 +113,7 @@ def register_advantage(name: str, requires: Sequence[str] = ()) -> Callable[[Adv
 
 def get_advantage(name: str) -> AdvantageFn:
     """The estimator registered as `name`; KeyError listing the valid names otherwise."""
-    if name not in ADVANTAGES:
-        raise KeyError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
-    return ADVANTAGES[name]
+    return ADVANTAGES.lookup(name)
 
 
 def required_inputs(name: str) -> tuple[str, ...]:

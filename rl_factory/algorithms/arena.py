@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewards.judge import JudgeError
+from rl_factory.registry import Registry
 
 JudgeFn = Callable[[int, int], Awaitable[float]]
 AnchorJudgeFn = Callable[[int], Awaitable[float]]
 TopologyFn = Callable[..., Awaitable[list[tuple]]]
-TOPOLOGIES: dict[str, TopologyFn] = {}
+TOPOLOGIES: Registry[TopologyFn] = Registry("tournament topology")
 FAILURE_POLICIES = ("tie", "skip_group", "stop")
 
 
@@ -132,26 +133,8 @@ class TournamentResult:
         return out
 
 
-def register_topology(name: str) -> Callable[[TopologyFn], TopologyFn]:
-    """Decorator adding a topology to `TOPOLOGIES`; a taken name is an error.
-
-    A topology is `async fn(arena: Arena, **options) -> list of n sort keys` (higher is better).
-    """
-
-    def decorator(fn: TopologyFn) -> TopologyFn:
-        if name in TOPOLOGIES:
-            raise ValueError(f"tournament topology {name!r} is already registered")
-        TOPOLOGIES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_topology(name: str) -> TopologyFn:
-    """The topology registered as `name`; KeyError listing the valid names otherwise."""
-    if name not in TOPOLOGIES:
-        raise KeyError(f"unknown tournament topology {name!r}; valid: {sorted(TOPOLOGIES)}")
-    return TOPOLOGIES[name]
+# A topology is `async fn(arena: Arena, **options) -> list of n sort keys` (higher is better).
+register_topology, get_topology = TOPOLOGIES.register, TOPOLOGIES.lookup
 
 
 class Arena:

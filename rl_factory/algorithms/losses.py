@@ -25,27 +25,11 @@ from collections.abc import Callable
 
 import torch
 
+from rl_factory.registry import Registry
+
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a loss to `POLICY_LOSSES` under `name`; a taken name is an error."""
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The loss registered as `name`; KeyError listing the valid names otherwise."""
-    if name not in POLICY_LOSSES:
-        raise KeyError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+register_policy_loss, get_policy_loss = POLICY_LOSSES.register, POLICY_LOSSES.lookup
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

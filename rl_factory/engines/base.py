@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from rl_factory.registry import Registry
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,13 +34,5 @@ class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
 
-ENGINES: dict[str, Callable[..., Engine]] = {}
-
-
-def register_engine(name: str):
-    def wrap(cls):
-        if name in ENGINES:
-            raise ValueError(f"engine {name!r} is already registered")
-        ENGINES[name] = cls
-        return cls
-    return wrap
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine")
+register_engine = ENGINES.register
