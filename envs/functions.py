@@ -79,14 +79,19 @@ class FunctionTool:
         except ValidationError as exc:
             return _error_result(name, str(exc))
         async with self._semaphore:
+            # asyncio.wait rather than asyncio.timeout (3.11+): a TimeoutError the function itself
+            # raises stays the function's error, only the deadline is a "timeout".
+            task = asyncio.ensure_future(self._invoke(kwargs))
             try:
-                async with asyncio.timeout(self.spec.timeout_s) as deadline:
-                    value = await self._invoke(kwargs)
-            except TimeoutError as exc:
-                if deadline.expired():
-                    raise ToolCallError("timeout", f"tool '{name}' timed out after "
-                                                   f"{self.spec.timeout_s:g}s") from None
-                return _error_result(name, _describe(exc))
+                done, _ = await asyncio.wait({task}, timeout=self.spec.timeout_s)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            if not done:
+                task.cancel()
+                raise ToolCallError("timeout", f"tool '{name}' timed out after {self.spec.timeout_s:g}s")
+            try:
+                value = task.result()
             except Exception as exc:  # noqa: BLE001 - the model sees it as a tool error
                 logger.debug("function tool %r raised", name, exc_info=True)
                 return _error_result(name, _describe(exc))

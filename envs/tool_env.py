@@ -224,8 +224,10 @@ class ToolEnv:
             return [await self.call(calls[0])]
         return list(await asyncio.gather(*(self.call(c) for c in calls)))
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, record: bool = True) -> ToolResult:
         """Run one call; every failure comes back as a ToolResult with `error_kind` set.
+
+        `record=False` keeps the call out of the `tool/*` metrics (a reward's own calls are not the agent's).
 
         Raises:
             ToolEnvError: this is the first call and a server cannot start (a setup error,
@@ -234,7 +236,8 @@ class ToolEnv:
         if not self._started:  # checked inline: this is the hot path of every call
             await self._ensure_started()
         result = await self._call(call)
-        self._record(result)
+        if record:
+            self._record(result)
         return result
 
     async def _call(self, call: ToolCall) -> ToolResult:

@@ -62,7 +62,7 @@ class RewardTools:
     `tool/*` metrics, which describe the agent; `num_calls` counts them instead.
 
     Args:
-        env: the live `envs.ToolEnv` (or anything with `async call(ToolCall) -> ToolResult`);
+        env: the live `envs.ToolEnv` (or anything with `async call(ToolCall, record=False) -> ToolResult`);
             None when the caller has none, and then every call raises `RewardError`.
     """
 
@@ -87,12 +87,7 @@ class RewardTools:
         arguments = dict(arguments or {})
         call = ToolCall(name=name, arguments=arguments, raw=json.dumps(arguments, default=str))
         self.num_calls += 1
-        env = self.env
-        # ToolEnv.call would count this in tool/*; its unrecorded path keeps those the agent's.
-        if hasattr(env, "_call") and hasattr(env, "_ensure_started"):
-            await env._ensure_started()
-            return await env._call(call)
-        return await env.call(call)
+        return await self.env.call(call, record=False)  # tool/* metrics stay the agent's
 
 
 class RewardFn:

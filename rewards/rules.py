@@ -26,8 +26,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rewards.exact_match import extract_last_number
+from rl_factory.registry import Registry
 
-RULES: dict[str, Callable[..., float]] = {}
+RULES: Registry[Callable[..., float]] = Registry("rule")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -36,10 +37,7 @@ _GSM8K_MARK = "####"
 
 def rule(fn: Callable[..., float]) -> Callable[..., float]:
     """Register `fn` in `RULES` under its own name; a taken name is an error."""
-    if fn.__name__ in RULES:
-        raise ValueError(f"rule {fn.__name__!r} is already registered")
-    RULES[fn.__name__] = fn
-    return fn
+    return RULES.register(fn.__name__)(fn)
 
 
 # ---- answers -------------------------------------------------------------------------------

@@ -69,11 +69,17 @@ def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, en
     engine = engine or HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
                                 pad_token_id=policy.tokenizer.pad_token_id,
                                 max_batch_size=rollout_cfg.max_batch_size, autocast=policy.autocast)
-    loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
-    loop_cfg.max_turns = env_cfg.max_turns
+    loop_cfg = loop_config(env_cfg, rollout_cfg)
     # env.tools is known here: the caller has awaited env.list_tools() (which starts the servers).
     parser = get_parser(env_cfg.parser, tools=env.tools)  # qwen3_xml coerces values by the schemas
     return Agent(engine, env, ChatFormat(policy.tokenizer, env.tools), parser, loop_cfg)
+
+
+def loop_config(env_cfg: EnvConfig, rollout_cfg: SamplingConfig) -> RolloutConfig:
+    """The rollout loop's own settings: `rollout.*` without the engine's, plus `env.max_turns`."""
+    loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
+    loop_cfg.max_turns = env_cfg.max_turns
+    return loop_cfg
 
 
 def load_rows(files: Any, cfg: DataConfig, limit: int | None = None) -> list[dict]:

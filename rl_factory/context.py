@@ -45,9 +45,13 @@ def last_turns(messages: list[dict], keep_turns: int = 2, **_) -> list[dict]:
 class AppendContext:
     """One growing token sequence: prompt, then generated ids (mask 1) and observation ids (mask 0)."""
 
-    def __init__(self, fmt: ChatFormat, messages: list[dict], max_total_tokens: int, **_):
-        self.fmt, self.max_total_tokens = fmt, max_total_tokens
+    def __init__(self, fmt: ChatFormat, messages: list[dict], max_total_tokens: int,
+                 max_tail_tokens: int | None = None, **_):
+        self.fmt = fmt
         self.prompt_ids = fmt.prompt_ids(messages)
+        # the whole sequence, and the part after the prompt, each within its budget
+        tail_cap = len(self.prompt_ids) + max_tail_tokens if max_tail_tokens is not None else max_total_tokens
+        self.max_total_tokens = min(max_total_tokens, tail_cap)
         self.ids, self.mask, self.logprobs = list(self.prompt_ids), [0] * len(self.prompt_ids), [0.0] * len(self.prompt_ids)
         self.steps: list[Step] = []
 
@@ -78,9 +82,9 @@ class StepContext:
     """A fresh prompt per turn from the processed history; each turn becomes one `Step` sample."""
 
     def __init__(self, fmt: ChatFormat, messages: list[dict], max_total_tokens: int,
-                 processor: str = "last_turns", keep_turns: int = 2, **_):
+                 max_tail_tokens: int | None = None, processor: str = "last_turns", keep_turns: int = 2, **_):
         CONTEXT_PROCESSORS.lookup(processor)  # an unknown name fails here, listing the valid ones
-        self.fmt, self.max_total_tokens = fmt, max_total_tokens
+        self.fmt, self.max_total_tokens, self.max_tail_tokens = fmt, max_total_tokens, max_tail_tokens
         self.process = lambda msgs: CONTEXT_PROCESSORS[processor](msgs, keep_turns=keep_turns)
         self.prompt_ids = fmt.prompt_ids(messages)
         self.current = self.prompt_ids
@@ -91,7 +95,9 @@ class StepContext:
         return self.current
 
     def budget(self) -> int:
-        return self.max_total_tokens - len(self.current)
+        left = self.max_total_tokens - len(self.current)
+        # a step's tail is its one generated turn
+        return left if self.max_tail_tokens is None else min(left, self.max_tail_tokens)
 
     def add_generation(self, gen: Generation) -> None:
         n = len(self.current)

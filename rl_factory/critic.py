@@ -97,7 +97,7 @@ def compute_values(policy, head: ValueHead, trajs: list[Trajectory], micro_batch
         for i, t in enumerate(micro):
             ids[i, :len(t.token_ids)] = torch.tensor(t.token_ids)
             attention[i, :len(t.token_ids)] = 1
-        _, hidden = policy.logprobs_and_hidden(ids.to(policy.device), attention.to(policy.device))
+        hidden = policy.hidden_states(ids.to(policy.device), attention.to(policy.device))
         values = head(hidden).cpu()
         out.extend(values[i, :len(t.token_ids)].tolist() for i, t in enumerate(micro))
     return out

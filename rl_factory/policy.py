@@ -74,6 +74,11 @@ class Policy:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         return _pick_logprobs(out.logits, input_ids), out.hidden_states[-1]
 
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The last hidden state [B, T, H] alone: the base model without the LM head (no vocab-sized logits)."""
+        with self.autocast():
+            return self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
 
 def _pick_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)

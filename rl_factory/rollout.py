@@ -36,6 +36,9 @@ class RolloutConfig:
     max_response_tokens: int = 64
     max_total_tokens: int = 512
     max_tool_response_tokens: int = 128
+    # Cap on the tokens after the prompt (generated + observations); None = only max_total_tokens.
+    # Not a user key: the verl backend sets it to verl's response_length, which pads to it.
+    max_tail_tokens: int | None = None
     # `append` (one token sequence per trajectory) or `step` (each turn its own sample; rl_factory/context.py)
     context: str = "append"
     # For `step`: how the history is cut before each turn, and how many turns it keeps
@@ -68,7 +71,7 @@ class Agent:
         """Run one trajectory of `sample` (a dataset row with normalized `messages`)."""
         cfg, fmt = self.cfg, self.fmt
         messages = [dict(m) for m in sample["messages"]]
-        ctx = get_context_policy(cfg.context)(fmt, messages, cfg.max_total_tokens,
+        ctx = get_context_policy(cfg.context)(fmt, messages, cfg.max_total_tokens, max_tail_tokens=cfg.max_tail_tokens,
                                               processor=cfg.context_processor, keep_turns=cfg.context_keep_turns)
         turns: list[Turn] = []
         stop_reason = "max_turns"

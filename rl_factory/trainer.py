@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from rl_factory import checkpoint as ckpt
-from rl_factory.algorithms.advantages import AdvantageInputs, estimate, get_advantage, required_inputs
+from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
 from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
@@ -157,12 +157,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
                     critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
                 else:
-                    inputs = AdvantageInputs.build([process.outcome(t) for t in trajs],
-                                                   [gi for gi, g in enumerate(groups) for _ in g.trajectories],
-                                                   scores=scores)
-                    advantages = estimate(alg.advantage, inputs, **alg.advantage_options)
-                    for traj, adv in zip(trajs, advantages.tolist()):
-                        traj.advantage = adv
+                    assign_advantages(alg.advantage, groups, rewards=[process.outcome(t) for t in trajs],
+                                      scores=scores, **alg.advantage_options)
                 # 5. Policy update with the registered policy loss (plus the value loss with a critic).
                 actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
                                       value_head=value_head)

@@ -64,4 +64,6 @@ async def test_step_policy_makes_one_faithful_sample_per_turn(tokenizer):
     assert engine.calls[2] == expected
     traj.advantage = 0.5
     assert [s.advantage for s in traj.training_samples()] == [0.5, 0.5, 0.5]
-    assert traj.num_generated_tokens == sum(sum(s.loss_mask) for s in traj.steps)
+    # counted from the script, not from the steps' own masks
+    expected_tokens = sum(len(tokenizer.encode(text, add_special_tokens=False)) + 1 for text in script)  # + eos
+    assert traj.num_generated_tokens == expected_tokens

@@ -131,3 +131,14 @@ def test_value_loss_decreases_over_updates_on_a_fixed_batch(base_policy):
         losses.append(out["critic/value_loss"])
         assert out["actor/trained_fraction"] == 1.0 and "critic/vf_explained_var" in metrics
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_hidden_states_alone_match_the_policy_forward(tiny_model_dir):
+    """compute_values reads the base model without the LM head: the same hidden state as the full forward."""
+    from rl_factory.policy import ModelConfig, load_policy
+
+    policy = load_policy(ModelConfig(path=str(tiny_model_dir), device="cpu"), tools=[])
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    _, full = policy.logprobs_and_hidden(ids, mask)
+    assert torch.allclose(policy.hidden_states(ids, mask), full, atol=1e-6)

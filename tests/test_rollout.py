@@ -177,6 +177,13 @@ async def test_total_token_budget_stops_the_rollout(tokenizer, env):
     traj = await agent.rollout({"messages": QUESTION}, 0, GREEDY)
     assert traj.stop_reason == "max_tokens" and engine.calls == [] and traj.token_ids == prompt
 
+    # A cap on the tail after the prompt (verl's response_length) binds like the total budget does.
+    agent, engine = make_agent(tokenizer, env, [CALL, ANSWER], max_total_tokens=4096,
+                               max_tail_tokens=len(turn1) + len(observation) + 3)
+    traj = await agent.rollout({"messages": QUESTION}, 0, GREEDY)
+    assert engine.params[1].max_new_tokens == 3
+    assert traj.stop_reason == "max_tokens" and traj.token_ids == prompt + turn1 + observation + turn2[:3]
+
     # The per-turn limit applies too: a turn cut by max_response_tokens is "max_tokens", not an answer.
     agent, engine = make_agent(tokenizer, env, [ANSWER], max_response_tokens=2)
     traj = await agent.rollout({"messages": QUESTION}, 0, GREEDY)

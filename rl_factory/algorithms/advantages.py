@@ -158,18 +158,26 @@ def compute_advantages(name: str, rewards: Any, group_ids: Any, *, token_rewards
     return estimate(name, inputs, **options)
 
 
-def assign_advantages(name: str, groups: Sequence[Group], **options: Any) -> torch.Tensor:
+def assign_advantages(name: str, groups: Sequence[Group], rewards: Sequence[float] | None = None,
+                      scores: Sequence[float] | None = None, **options: Any) -> torch.Tensor:
     """Compute outcome advantages for scored groups and store each on `trajectory.advantage`.
+
+    Args:
+        rewards: one per trajectory in group-then-trajectory order (default: each `trajectory.reward`;
+            the trainer passes the outcome plus summed process rewards).
+        scores: tournament scores, for "arena".
 
     Returns:
         [N] float32 advantages in group-then-trajectory order.
     """
     trajs = [t for g in groups for t in g.trajectories]
-    unscored = [t.sample_index for t in trajs if t.reward is None]
-    if unscored:
-        raise ValueError(f"trajectories of samples {sorted(set(unscored))[:10]} have no reward yet")
+    if rewards is None:
+        unscored = [t.sample_index for t in trajs if t.reward is None]
+        if unscored:
+            raise ValueError(f"trajectories of samples {sorted(set(unscored))[:10]} have no reward yet")
+        rewards = [t.reward for t in trajs]
     group_ids = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
-    advantages = compute_advantages(name, [t.reward for t in trajs], group_ids, **options)
+    advantages = compute_advantages(name, rewards, group_ids, scores=scores, **options)
     if advantages.dim() != 1:
         raise ValueError(f"{name!r} is a token-level estimator; trajectories hold one advantage each")
     for traj, adv in zip(trajs, advantages.tolist(), strict=True):

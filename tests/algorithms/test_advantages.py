@@ -4,10 +4,8 @@ import torch
 
 from rl_factory.algorithms.advantages import (
     ADVANTAGES,
-    AdvantageInputs,
     assign_advantages,
     compute_advantages,
-    estimate,
     register_advantage,
     required_inputs,
 )
@@ -158,12 +156,6 @@ def test_arena_zscores_scores_within_groups():
                                atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match=r"'arena' needs \['scores'\]"):
         compute_advantages("arena", REWARDS, GROUPS)
-
-
-def test_estimate_is_the_single_entry_point():
-    inputs = AdvantageInputs.build(REWARDS, GROUPS)
-    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
-        torch.testing.assert_close(estimate(name, inputs), compute_advantages(name, REWARDS, GROUPS))
 
 
 # ---- parity with verl's own estimators (verl is a heavy optional extra) ----------------------------

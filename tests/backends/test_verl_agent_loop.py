@@ -185,3 +185,20 @@ def test_prompt_carries_full_json_schemas_that_verls_tool_model_drops(verl_setup
     del no_budget["function"]["parameters"]["properties"]["budget"]
     dumped = OpenAIFunctionToolSchema.model_validate(no_budget).model_dump(exclude_unset=True, exclude_none=True)
     assert "items" not in dumped["function"]["parameters"]["properties"]["stops"]
+
+
+def test_a_prompt_over_verls_cap_fails_before_generating(verl_setup):
+    cfg, files = verl_setup()
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.prompt_length", 20)
+    batch = load_rows(cfg, files)
+
+    from verl.protocol import DataProto
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [["The answer is 10063."]])
+        with pytest.raises(ValueError, match=r"sample 0: prompt of \d+ tokens .* exceeds data.max_prompt_length=20"):
+            await worker.generate_sequences(DataProto.from_single_dict(batch, meta_info={"global_steps": 1}))
+        return worker.llm_client.calls
+
+    assert asyncio.run(run()) == []  # nothing was sent to the server

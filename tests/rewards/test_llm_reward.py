@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from rewards.combine import RewardConfig, build_reward
 from rewards.chat import ChatClient, JudgeError
-from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, llm_judge, parse_score, render_rubric
+from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, parse_score, render_rubric
 from rl_factory.types import Trajectory, Turn
 
 TEMPLATE = "MODE {question}\nREF {reference}\nPATH {path}\nANSWER {answer}"
@@ -180,7 +180,6 @@ def test_from_reward_functions_with_on_error(endpoint):
                                         _traj("garbage", "<answer>Rome</answer>")))
     assert good[0] == pytest.approx(1.35) and good[1]["judge"] == pytest.approx(0.7)
     assert bad[0] == 0.0 and "no score" in bad[1]["judge/reward_error"]
-    assert llm_judge.__name__ == "llm_judge"
 
 
 async def _score_both(reward, *trajs):

@@ -22,7 +22,6 @@ import asyncio
 import os
 import socket
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.chat import ChatFormat
-from rl_factory.components import EnvConfig, SamplingConfig, open_env
+from rl_factory.components import EnvConfig, SamplingConfig, loop_config, open_env
 from rl_factory.config import section
 from rl_factory.engines.base import Generation, SamplingParams
 from rl_factory.rollout import Agent, RolloutConfig
@@ -52,8 +51,10 @@ class ServerEngine:
     base; the per-turn token budget is ours.
     """
 
-    def __init__(self, server_manager: Any, sampling_params: dict[str, Any], stop_ids: set[int]):
+    def __init__(self, server_manager: Any, sampling_params: dict[str, Any], stop_ids: set[int],
+                 max_prompt_tokens: int, sample: Any = None):
         self.server_manager, self.base, self.stop_ids = server_manager, dict(sampling_params), stop_ids
+        self.max_prompt_tokens, self.sample, self.turns = max_prompt_tokens, sample, 0
         self.request_id = uuid.uuid4().hex
         # What the server reports besides tokens, kept as verl's ToolAgentLoop keeps it: the first turn's
         # fields (weight versions, for the async trainers' staleness control), then the latest
@@ -62,6 +63,10 @@ class ServerEngine:
         self.num_preempted = -1
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if self.turns == 0 and len(prompt_ids) > self.max_prompt_tokens:  # verl pads prompts to this length
+            raise ValueError(f"sample {self.sample}: prompt of {len(prompt_ids)} tokens (tools included) exceeds "
+                             f"data.max_prompt_length={self.max_prompt_tokens}")
+        self.turns += 1
         sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": True}
         out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
                                                  sampling_params=sampling)
@@ -88,13 +93,6 @@ class ServerEngine:
         return None
 
 
-@dataclass
-class LoopSettings:
-    env: EnvConfig
-    rollout: RolloutConfig
-    output_dir: Path
-
-
 class WorkerState:
     """What all trajectories of one AgentLoopWorker process share (see the module docstring)."""
 
@@ -103,9 +101,9 @@ class WorkerState:
     _instances: dict[tuple[int, int], tuple[Any, DictConfig, WorkerState]] = {}
     _locks: dict[int, tuple[Any, asyncio.Lock]] = {}
 
-    def __init__(self, settings: LoopSettings, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
+    def __init__(self, loop_cfg: RolloutConfig, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
                  arena: ArenaGroups | None):
-        self.settings, self.env, self.fmt, self.parser, self.stop_ids = settings, env, fmt, parser, stop_ids
+        self.loop_cfg, self.env, self.fmt, self.parser, self.stop_ids = loop_cfg, env, fmt, parser, stop_ids
         self.arena = arena
 
     @classmethod
@@ -125,18 +123,17 @@ class WorkerState:
     async def _build(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
         ours = config.rl_factory
         env_cfg = section(ours, "env", EnvConfig)
-        roll = section(ours, "rollout", SamplingConfig)
-        loop_cfg = RolloutConfig(**{k: getattr(roll, k) for k in RolloutConfig.__dataclass_fields__})
-        loop_cfg.max_turns = env_cfg.max_turns
-        settings = LoopSettings(env_cfg, loop_cfg, Path(ours.trainer.output_dir))
-        worker = f"{socket.gethostname()}-{os.getpid()}"
-        env = await open_env(env_cfg, log_dir=settings.output_dir / "tool_logs" / worker).__aenter__()
+        loop_cfg = loop_config(env_cfg, section(ours, "rollout", SamplingConfig))
+        # verl pads every response to response_length: the whole multi-turn tail must fit in it.
+        loop_cfg.max_tail_tokens = config.actor_rollout_ref.rollout.response_length
+        output_dir, worker = Path(ours.trainer.output_dir), f"{socket.gethostname()}-{os.getpid()}"
+        env = await open_env(env_cfg, log_dir=output_dir / "tool_logs" / worker).__aenter__()
         tools = await env.list_tools()  # stdio servers start here, once per worker process
         stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
         arena = None
         if ours.algorithm.advantage == "arena":
-            arena = ArenaGroups.from_config(ours, env, settings.output_dir / "arena" / worker)
-        return cls(settings, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
+            arena = ArenaGroups.from_config(ours, env, output_dir / "arena" / worker)
+        return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
                    {i for i in stop_ids if i is not None}, arena)
 
 
@@ -176,16 +173,10 @@ class RLFactoryAgentLoop(AgentLoopBase):
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:
-        cfg = state.settings.rollout
-        prompt_len = len(state.fmt.prompt_ids(sample["messages"]))
-        if prompt_len > self.rollout_config.prompt_length:
-            raise ValueError(f"sample {kwargs.get('index')}: prompt of {prompt_len} tokens (tools included) exceeds "
-                             f"data.max_prompt_length={self.rollout_config.prompt_length}")
-        # verl pads every response to response_length: the whole multi-turn tail must fit in it.
-        budget = min(cfg.max_total_tokens, prompt_len + self.rollout_config.response_length)
-        loop_cfg = RolloutConfig(**{**cfg.__dict__, "max_total_tokens": budget})
-        engine = ServerEngine(self.server_manager, sampling_params, state.stop_ids)
-        agent = Agent(engine, state.env, state.fmt, state.parser, loop_cfg)
+        cfg = state.loop_cfg
+        engine = ServerEngine(self.server_manager, sampling_params, state.stop_ids,
+                              self.rollout_config.prompt_length, kwargs.get("index"))
+        agent = Agent(engine, state.env, state.fmt, state.parser, cfg)
         params = SamplingParams(float(sampling_params.get("temperature", 1.0)),
                                 float(sampling_params.get("top_p", 1.0)), cfg.max_response_tokens)
         traj = await agent.rollout(sample, int(kwargs.get("index", 0) or 0), params)

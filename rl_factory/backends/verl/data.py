@@ -62,11 +62,8 @@ def convert(cfg: DataConfig, out_dir: Path) -> dict[str, Path]:
 
 
 def sample_from_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Our row back from the fields verl passes to `AgentLoopBase.run` (or a plain verl dataset row)."""
-    if kwargs.get(SAMPLE_KEY):
-        return json.loads(kwargs[SAMPLE_KEY])
-    # A dataset made for verl directly: messages from raw_prompt, the answer from reward_model.
-    messages = [dict(m) for m in kwargs["raw_prompt"]]
-    reward_model = kwargs.get("reward_model") or {}
-    return {"prompt": messages, "messages": messages, "answer": reward_model.get("ground_truth"),
-            "data_source": kwargs.get("data_source"), "extra_info": kwargs.get("extra_info")}
+    """Our row back from the fields verl passes to `AgentLoopBase.run` (the launcher always converts)."""
+    if not kwargs.get(SAMPLE_KEY):
+        raise ValueError(f"sample {kwargs.get('index')}: no {SAMPLE_KEY} column; rl_factory's agent loop reads the "
+                         "data the launcher converts (data.train_files / data.val_files), not verl's own files")
+    return json.loads(kwargs[SAMPLE_KEY])

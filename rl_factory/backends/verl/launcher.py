@@ -45,16 +45,12 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
                           f"(known: {sorted(core_algos.POLICY_LOSS_REGISTRY)})")
 
 
-def check_supported(ours: DictConfig, verl_cfg: DictConfig | None = None) -> None:
-    """Combinations the verl backend cannot run, refused with the key to change."""
+def check_supported(ours: DictConfig) -> None:
+    """Combinations the verl backend cannot run, refused with the key to change (before composing)."""
     alg, roll = ours.algorithm, ours.rollout
     if roll.context == "step" and alg.advantage not in STEP_CONTEXT_ESTIMATORS:
         raise ConfigError(f"rollout.context=step on verl works with algorithm.advantage=grpo only (verl spreads a "
                           f"trajectory's advantage over its per-turn samples only for grpo); got {alg.advantage!r}")
-    if verl_cfg is not None and not verl_cfg.trainer.use_v1 and (roll.context == "step" or alg.advantage == "arena"):
-        what = "rollout.context=step" if roll.context == "step" else "algorithm.advantage=arena"
-        raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "
-                          "trajectory, and a prompt's n rollouts in one worker)")
     if alg.advantage == "arena":
         if alg.arena.anchor == "greedy":
             raise ConfigError("algorithm.arena.anchor=greedy is not available on the verl backend (use first or reference)")
@@ -117,7 +113,10 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
     out_dir = Path(ours.trainer.output_dir)
     files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
     cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=print_only is None))
-    check_supported(ours, cfg)
+    if not cfg.trainer.use_v1 and (ours.rollout.context == "step" or ours.algorithm.advantage == "arena"):
+        what = "rollout.context=step" if ours.rollout.context == "step" else "algorithm.advantage=arena"
+        raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "
+                          "trajectory, and a prompt's n rollouts in one worker)")
     if print_only is not None:
         print(OmegaConf.to_yaml(cfg, resolve=print_only == "resolve"))
         return {}
