@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import logging
 import re
@@ -39,6 +37,7 @@ from pydantic import ValidationError
 
 from envs.manifest import PROJECT_ROOT, FunctionSpec, Manifest, ManifestError
 from envs.mcp_client import ToolCallError
+from rl_factory.imports import import_file
 
 logger = logging.getLogger(__name__)
 
@@ -150,20 +149,7 @@ def _import_file(target: str, base_dir: Path | None):
     if path is None:
         raise ManifestError(f"file not found: {target}" + (f" (looked in {base_dir} and the current "
                                                            f"directory)" if candidates else ""))
-    path = path.resolve()
-    # A unique module name per file, so two tools.py files in different folders do not collide.
-    mod_name = f"_rlf_tools_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # before exec: dataclasses and pydantic look their module up
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[mod_name]
-        raise
-    return module
+    return import_file(path, "_rlf_tools")
 
 
 def build_tool(fn: Callable[..., Any], meta: FuncMetadata) -> Tool:

@@ -10,6 +10,7 @@ import os
 import random
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 RETRY_STATUS = {408, 409, 425, 429}
@@ -132,3 +133,20 @@ def json_objects(text: str, parse_float: Callable[[str], Any] | None = None) -> 
         if isinstance(obj, dict):
             found.append(obj)
     return found
+
+
+def load_template(prompt: str | None, default: str, required: tuple[str, ...], what: str) -> str:
+    """`default`, a template file's text, or an inline template; it must use every `required` placeholder."""
+    if not prompt:
+        return default
+    text = Path(prompt).read_text() if "\n" not in prompt and Path(prompt).is_file() else prompt
+    if any(p not in text for p in required):
+        raise ValueError(f"{what} {prompt[:80]!r} is neither a file nor a template with the "
+                         f"{' and '.join(required)} placeholder{'s' if len(required) > 1 else ''}")
+    return text
+
+
+def fill_template(template: str, values: dict[str, str]) -> str:
+    """Replace each placeholder by its value in one pass (JSON braces in a template need no escaping,
+    and a value that happens to contain a placeholder is not filled again)."""
+    return re.sub("|".join(re.escape(p) for p in values), lambda m: values[m.group(0)], template)

@@ -26,10 +26,9 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, json_objects
+from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, fill_template, json_objects, load_template
 from rl_factory.registry import Registry
 
 DEFAULT_PROMPT = """\
@@ -103,19 +102,13 @@ def render_path(messages: list[dict]) -> str:
 
 def render_prompt(template: str, query: str, a: Candidate, b: Candidate) -> str:
     """Fill the five placeholders by plain replacement (JSON braces in a template need no escaping)."""
-    values = dict(zip(PLACEHOLDERS, (query, a.path or NO_PATH, a.answer, b.path or NO_PATH, b.answer)))
-    return re.sub("|".join(re.escape(p) for p in PLACEHOLDERS), lambda m: values[m.group(0)], template)
+    return fill_template(template, dict(zip(PLACEHOLDERS, (query, a.path or NO_PATH, a.answer,
+                                                           b.path or NO_PATH, b.answer))))
 
 
 def load_prompt(prompt: str | None) -> str:
     """The default prompt, a template file's text, or an inline template (it must use {answer_a}/{answer_b})."""
-    if not prompt:
-        return DEFAULT_PROMPT
-    text = Path(prompt).read_text() if "\n" not in prompt and Path(prompt).is_file() else prompt
-    if "{answer_a}" not in text or "{answer_b}" not in text:
-        raise ValueError(f"judge prompt {prompt[:80]!r} is neither a file nor a template with "
-                         "{answer_a} and {answer_b} placeholders")
-    return text
+    return load_template(prompt, DEFAULT_PROMPT, ("{answer_a}", "{answer_b}"), "judge prompt")
 
 
 _WINNER = {"a": 1.0, "agent_a": 1.0, "b": 0.0, "agent_b": 0.0, "tie": 0.5, "draw": 0.5, "equal": 0.5}

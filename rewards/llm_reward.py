@@ -28,10 +28,9 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-from rewards.chat import CACHE_SIZE, ChatClient, json_objects
+from rewards.chat import CACHE_SIZE, ChatClient, fill_template, json_objects, load_template
 from rewards.judge import NO_PATH, final_answer, render_path
 
 DEFAULT_RUBRIC = """\
@@ -105,14 +104,9 @@ def parse_score(text: str, scale: float = 10.0) -> float:
 
 
 def load_rubric(prompt: str | None) -> str:
-    """The default rubric, a template file's text, or an inline template (it must use {answer})."""
-    if not prompt:
-        return DEFAULT_RUBRIC
-    text = Path(prompt).read_text() if "\n" not in prompt and Path(prompt).is_file() else prompt
-    if "{answer}" not in text:
-        raise ValueError(f"judge rubric {prompt[:80]!r} is neither a file nor a template with an {{answer}} "
-                         "placeholder (others: {question}, {reference}, {path})")
-    return text
+    """The default rubric, a template file's text, or an inline template (it must use {answer};
+    the others are {question}, {reference} and {path})."""
+    return load_template(prompt, DEFAULT_RUBRIC, ("{answer}",), "judge rubric")
 
 
 def render_rubric(template: str, question: str, answer: str, path: str = "", reference: Any = None) -> str:
@@ -121,9 +115,8 @@ def render_rubric(template: str, question: str, answer: str, path: str = "", ref
         reference = reference["target"]
     if isinstance(reference, (list, tuple)):
         reference = " | ".join(str(r) for r in reference)
-    values = dict(zip(PLACEHOLDERS, (question, NO_REFERENCE if reference in (None, "") else str(reference),
-                                     path or NO_PATH, answer)))
-    return re.sub("|".join(re.escape(p) for p in PLACEHOLDERS), lambda m: values[m.group(0)], template)
+    return fill_template(template, dict(zip(PLACEHOLDERS, (
+        question, NO_REFERENCE if reference in (None, "") else str(reference), path or NO_PATH, answer))))
 
 
 class LLMReward:

@@ -21,9 +21,7 @@ reward that abstains is visible in the metrics instead of silently looking like 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -32,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_factory.imports import import_file
 from rl_factory.types import ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -211,26 +210,14 @@ def _import_file(target: str):
     path = Path(target).expanduser()
     if not path.is_file():
         raise RewardLoadError(f"reward file not found: {target} (looked at {path.resolve()})")
-    path = path.resolve()
-    # A unique module name keeps two reward files called reward.py apart; registering it in
-    # sys.modules before exec lets dataclasses and pickling inside the file find their module.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    mod_name = f"_rl_factory_reward_{path.stem}_{digest}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
     # Like `python file.py`: sibling helper modules of the reward file are importable.
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[mod_name] = module
+    if str(path.resolve().parent) not in sys.path:
+        sys.path.insert(0, str(path.resolve().parent))
     try:
-        mod_spec.loader.exec_module(module)
+        return import_file(path, "_rl_factory_reward")
     except (Exception, SystemExit) as exc:
-        del sys.modules[mod_name]
         raise RewardLoadError(f"importing reward file {target} failed: "
                               f"{type(exc).__name__}: {exc}") from exc
-    return module
 
 
 def _import_module(target: str):

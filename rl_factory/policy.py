@@ -21,7 +21,7 @@ register_builtin_model = BUILTIN_MODELS.register
 
 
 @register_builtin_model("tiny-calculator")
-def _tiny_calculator(tools: list[dict], seed: int, log, device: torch.device) -> Path:
+def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
     from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
 
     # Always built on the CPU: the same seed gives the same model on every machine (GPU kernels
@@ -95,13 +95,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_model_path(path: str, tools: list[dict], seed: int, log=print,
-                       device: torch.device = torch.device("cpu")) -> str:
+def resolve_model_path(path: str, tools: list[dict], seed: int, log=print) -> str:
+    """A hub id or directory as is; `builtin:<name>` built (on the CPU, once, cached) and its directory."""
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name not in BUILTIN_MODELS:
             raise ValueError(f"model.path: unknown builtin model {name!r} (valid: {', '.join(sorted(BUILTIN_MODELS))})")
-        return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log, device=device))
+        return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log))
     return path
 
 
@@ -111,7 +111,7 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    path = resolve_model_path(cfg.path, tools, seed, log=log, device=device)
+    path = resolve_model_path(cfg.path, tools, seed, log=log)
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
     if local and not Path(path).expanduser().is_dir():
         raise ValueError(f"model.path: local directory {path} does not exist")

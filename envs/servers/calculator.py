@@ -17,7 +17,7 @@ import math
 import operator
 from collections.abc import Callable
 
-from envs.servers.stdio import run_stdio
+from envs.servers.stdio import serve
 
 MAX_EXPRESSION_CHARS = 500
 MAX_RESULT_BITS = 4096  # ~1233 decimal digits: longer than any answer a model should read
@@ -132,10 +132,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     server = build_server()
-    if args.transport == "stdio":
-        run_stdio(server)  # the SDK's transport, without its per-message thread hops
-    else:
-        server.run(args.transport, host=args.host, port=args.port)
+    serve(server, args.transport, args.host, args.port)  # stdio without the SDK's per-message thread hops
 
 
 if __name__ == "__main__":

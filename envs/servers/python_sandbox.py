@@ -43,6 +43,8 @@ from typing import Annotated
 
 from pydantic import BaseModel
 
+from envs.servers.stdio import serve
+
 MAX_DRAIN_BYTES = 16 << 20  # per stream; past this the run is killed rather than read forever
 MAX_CODE_CHARS = 200_000
 READ_CHUNK = 1 << 16
@@ -328,10 +330,7 @@ def main(argv: list[str] | None = None) -> None:
                         max_parallel=args.max_parallel, network=network, prefix=prefix,
                         python=args.python)
     server = build_server(cfg)
-    if args.transport == "stdio":
-        server.run()
-    else:
-        server.run(args.transport, host=args.host, port=args.port)
+    serve(server, args.transport, args.host, args.port)
 
 
 if __name__ == "__main__":

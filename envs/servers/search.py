@@ -30,6 +30,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from envs.servers.stdio import serve
+
 CORPUS_ENV = "RL_FACTORY_SEARCH_CORPUS"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_TOP_K = 10
@@ -147,7 +149,7 @@ def build_server(index: SearchIndex, max_top_k: int = DEFAULT_MAX_TOP_K,
     TopK = Annotated[int, Field(ge=1, le=max_top_k, description="how many passages to return")]
 
     @server.tool()
-    def search(query: str, top_k: TopK = 3) -> Annotated[CallToolResult, SearchResults]:
+    async def search(query: str, top_k: TopK = 3) -> Annotated[CallToolResult, SearchResults]:
         """Search the document collection by keywords; returns the best passages with their ids."""
         if not query.strip():
             raise ToolError("empty query: give a few keywords, e.g. 'capital of Saeneixa'")
@@ -186,10 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     except CorpusError as err:
         parser.exit(2, f"search server: {err}\n")  # one line on stderr, quoted by the client
     server = build_server(index, args.max_top_k, args.snippet_chars)
-    if args.transport == "stdio":
-        server.run()
-    else:
-        server.run(args.transport, host=args.host, port=args.port)
+    serve(server, args.transport, args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ from typing import Any
 MAX_LINE_BYTES = 256 * 1024 * 1024
 
 
+def serve(server: Any, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+    """A bundled server's main loop: stdio through `run_stdio`, HTTP transports through the SDK."""
+    if transport == "stdio":
+        run_stdio(server)
+    else:
+        server.run(transport, host=host, port=port)
+
+
 def run_stdio(server: Any) -> None:
     """Serve `server` (an `MCPServer`) on this process's stdin/stdout until stdin closes."""
     lowlevel = getattr(server, "_lowlevel_server", None)  # the SDK's own in-memory client reads it too

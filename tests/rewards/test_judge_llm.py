@@ -8,83 +8,40 @@ import asyncio
 import json
 import re
 import socket
-import threading
-import time
-from collections import Counter
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.routing import Route
 
 from rewards.judge import Candidate, JudgeConfig, JudgeError, LLMJudge, build_judge
+from tests.fakes.chat_server import ChatEndpoint, running_chat_endpoint
 
 TEMPLATE = "MODE {query} A {answer_a} B {answer_b}"
 
 
-class FakeEndpoint:
-    def __init__(self):
-        self.requests = Counter()  # by mode
-        self.in_flight = self.peak = 0
-        self.auth: list[str] = []
-        self.bodies: list[dict] = []
-
-    def reply(self, content: str) -> JSONResponse:
-        return JSONResponse({"id": "x", "object": "chat.completion",
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
-
-    async def chat(self, request: Request):
-        body = await request.json()
-        self.bodies.append(body)
-        self.auth.append(request.headers.get("authorization", ""))
-        mode, a, b = re.match(r"MODE (\S+) A (.*) B (.*)", body["messages"][-1]["content"], re.S).groups()
-        self.requests[mode] += 1
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            await asyncio.sleep(0.02)
-            return self.answer(mode, a, b)
-        finally:
-            self.in_flight -= 1
-
-    def answer(self, mode, a, b):
-        if mode == "garbage":
-            return self.reply("Both answers have merits; I cannot decide.")
-        if mode == "not_json":
-            return PlainTextResponse("<html>bad gateway</html>")
-        if mode == "error500":
-            return JSONResponse({"error": "boom"}, status_code=500)
-        if mode == "refused":
-            return JSONResponse({"error": "invalid api key"}, status_code=401)
-        if mode == "flaky" and self.requests[mode] <= 2:
-            return JSONResponse({"error": "overloaded"}, status_code=429)
-        if mode == "biased":
-            return self.reply('{"winner": "A"}')
-        winner = "A" if len(a) > len(b) else "B" if len(b) > len(a) else "tie"
-        if mode == "chatty":
-            return self.reply(f"Let me think.\n```json\n{json.dumps({'reason': 'longer', 'winner': winner})}\n```")
-        return self.reply(json.dumps({"score_a": len(a), "score_b": len(b), "winner": winner}))
+def answer(endpoint: ChatEndpoint, mode: str, prompt: str):
+    a, b = re.match(r"MODE \S+ A (.*) B (.*)", prompt, re.S).groups()
+    if mode == "garbage":
+        return "Both answers have merits; I cannot decide."
+    if mode == "not_json":
+        return PlainTextResponse("<html>bad gateway</html>")
+    if mode == "error500":
+        return JSONResponse({"error": "boom"}, status_code=500)
+    if mode == "refused":
+        return JSONResponse({"error": "invalid api key"}, status_code=401)
+    if mode == "flaky" and endpoint.requests[mode] <= 2:
+        return JSONResponse({"error": "overloaded"}, status_code=429)
+    if mode == "biased":
+        return '{"winner": "A"}'
+    winner = "A" if len(a) > len(b) else "B" if len(b) > len(a) else "tie"
+    if mode == "chatty":
+        return f"Let me think.\n```json\n{json.dumps({'reason': 'longer', 'winner': winner})}\n```"
+    return json.dumps({"score_a": len(a), "score_b": len(b), "winner": winner})
 
 
 @pytest.fixture(scope="module")
 def endpoint():
-    fake = FakeEndpoint()
-    app = Starlette(routes=[Route("/v1/chat/completions", fake.chat, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    fake.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    yield fake
-    server.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with running_chat_endpoint(answer) as fake:
+        yield fake
 
 
 def make_judge(endpoint, **overrides) -> LLMJudge:

@@ -4,23 +4,16 @@ The server reads a mode from the rubric (the tests' template starts `MODE <mode>
 score in some form, garbage, HTTP errors or a flaky start.
 """
 import asyncio
-import re
-import socket
-import threading
-import time
-from collections import Counter
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from rewards.combine import RewardConfig, build_reward
 from rewards.chat import ChatClient, JudgeError
+from rewards.judge import render_path
 from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, parse_score, render_rubric
 from rl_factory.types import Trajectory, Turn
+from tests.fakes.chat_server import ChatEndpoint, running_chat_endpoint
 
 TEMPLATE = "MODE {question}\nREF {reference}\nPATH {path}\nANSWER {answer}"
 REPLIES = {"json": '{"reason": "fine", "score": 7}', "fraction": 'Here: {"score": 0.7}',
@@ -28,47 +21,16 @@ REPLIES = {"json": '{"reason": "fine", "score": 7}', "fraction": 'Here: {"score"
            "garbage": "I would rather not grade this."}
 
 
-class FakeEndpoint:
-    def __init__(self):
-        self.requests = Counter()
-        self.in_flight = self.peak = 0
-        self.prompts: list[str] = []
-
-    async def chat(self, request: Request):
-        body = await request.json()
-        prompt = body["messages"][-1]["content"]
-        self.prompts.append(prompt)
-        mode = re.match(r"MODE (\S+)", prompt).group(1)
-        self.requests[mode] += 1
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            await asyncio.sleep(0.02)
-            if mode == "error500" or (mode == "flaky" and self.requests[mode] <= 2):
-                return JSONResponse({"error": "boom"}, status_code=500)
-            content = REPLIES.get(mode, '{"score": 10}')
-            return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
-        finally:
-            self.in_flight -= 1
+def answer(endpoint: ChatEndpoint, mode: str, prompt: str):
+    if mode == "error500" or (mode == "flaky" and endpoint.requests[mode] <= 2):
+        return JSONResponse({"error": "boom"}, status_code=500)
+    return REPLIES.get(mode, '{"score": 10}')
 
 
 @pytest.fixture(scope="module")
 def endpoint():
-    fake = FakeEndpoint()
-    app = Starlette(routes=[Route("/v1/chat/completions", fake.chat, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    fake.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    yield fake
-    server.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with running_chat_endpoint(answer) as fake:
+        yield fake
 
 
 def make_reward(endpoint, **overrides) -> LLMReward:
@@ -105,10 +67,10 @@ def test_rubric_shows_question_reference_path_and_answer():
                     {"function": {"name": "search", "arguments": {"query": "France capital"}}}]},
                 {"role": "tool", "content": "SECRET TOOL OUTPUT"},
                 {"role": "assistant", "content": "<answer>Paris</answer>"}]
-    reward = LLMReward(model="m", base_url="http://127.0.0.1:9/v1")
-    text = render_rubric(reward.template, "Capital of France?", "<answer>Paris</answer>", "call search(...)",
+    text = render_rubric(DEFAULT_RUBRIC, "Capital of France?", "<answer>Paris</answer>", render_path(messages),
                          ["Paris", "paris, france"])
-    assert "Paris | paris, france" in text and "call search(...)" in text and '"score": <integer 0-10>' in text
+    assert "Paris | paris, france" in text and '"score": <integer 0-10>' in text
+    assert 'call search({"query": "France capital"})' in text and "SECRET TOOL OUTPUT" not in text
     assert "(none given)" in render_rubric(DEFAULT_RUBRIC, "q", "a")
 
 
