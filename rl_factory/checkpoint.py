@@ -59,7 +59,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     tmp = final.parent / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp)  # a peft model writes its adapter only (rl_factory/lora.py)
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
     for name, obj in (extra or {}).items():

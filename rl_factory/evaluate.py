@@ -20,24 +20,30 @@ from rewards.scorer import score_trajectories
 
 def summarize(trajs: list[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
     """Outcome, tool-use and length statistics of a list of scored trajectories."""
-    if not trajs:
+    return summarize_records([trajectory_record(t) for t in trajs], success_threshold)
+
+
+def summarize_records(records: list[dict[str, Any]], success_threshold: float = 1.0) -> dict[str, float]:
+    """`summarize` from rollouts-file lines (`trajectory_record`): what the verl backend has."""
+    if not records:
         return {}
-    rewards = [t.reward or 0.0 for t in trajs]
-    results = [r for t in trajs for r in t.tool_results]
+    rewards = [r["reward"] or 0.0 for r in records]
+    results = [res for r in records for res in r["tool_results"]]
     metrics: dict[str, float] = {
         "reward/mean": statistics.fmean(rewards),
         "reward/std": statistics.pstdev(rewards),
-        "accuracy": sum(r >= success_threshold for r in rewards) / len(trajs),
-        "num_turns/mean": statistics.fmean(len(t.turns) for t in trajs),
-        "response_tokens/mean": statistics.fmean(t.num_generated_tokens for t in trajs),
-        "sequence_tokens/mean": statistics.fmean(len(t.token_ids) for t in trajs),
-        "tool/call_rate": sum(bool(t.tool_calls) for t in trajs) / len(trajs),
-        "tool/calls_per_trajectory": len(results) / len(trajs),
-        "tool/success_rate": (sum(r.ok for r in results) / len(results)) if results else float("nan"),
+        "accuracy": sum(r >= success_threshold for r in rewards) / len(records),
+        "num_turns/mean": statistics.fmean(r["num_turns"] for r in records),
+        "response_tokens/mean": statistics.fmean(r["generated_tokens"] for r in records),
+        "sequence_tokens/mean": statistics.fmean(r["total_tokens"] for r in records),
+        "tool/call_rate": sum(bool(r["tool_calls"]) for r in records) / len(records),
+        "tool/calls_per_trajectory": len(results) / len(records),
+        "tool/success_rate": (sum(res["error_kind"] is None for res in results) / len(results))
+        if results else float("nan"),
     }
-    for reason, count in Counter(t.stop_reason for t in trajs).items():
-        metrics[f"stop/{reason}"] = count / len(trajs)
-    for kind, count in Counter(r.error_kind for r in results if not r.ok).items():
+    for reason, count in Counter(r["stop_reason"] for r in records).items():
+        metrics[f"stop/{reason}"] = count / len(records)
+    for kind, count in Counter(res["error_kind"] for res in results if res["error_kind"] is not None).items():
         metrics[f"tool/error_rate/{kind}"] = count / len(results)  # share of calls (counts: tool/errors/*)
     return metrics
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -37,6 +37,10 @@ class ModelConfig:
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int = 0
+    # LoRA (peft): train low-rank adapters instead of every weight; 0 = full fine-tuning
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_target_modules: Any = "all-linear"
 
 
 class Policy:
@@ -76,8 +80,10 @@ class Policy:
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The last hidden state [B, T, H] alone: the base model without the LM head (no vocab-sized logits)."""
+        from rl_factory.lora import trunk
+
         with self.autocast():
-            return self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return trunk(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def _pick_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -108,6 +114,8 @@ def resolve_model_path(path: str, tools: list[dict], seed: int, log=print) -> st
 def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -> Policy:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rl_factory.lora import base_model_path
+
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
@@ -117,12 +125,17 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
         raise ValueError(f"model.path: local directory {path} does not exist")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        saved_dtype = _saved_dtype(path)  # read before loading: loading in fp32 rewrites the config's dtype
+        # read before loading (loading in fp32 rewrites the config's dtype); a LoRA checkpoint's is its base's
+        saved_dtype = _saved_dtype(base_model_path(path))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     except OSError as exc:  # not a model dir, unknown hub id, no network: say which key is wrong
         raise ValueError(f"model.path: cannot load {path!r}: {str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if cfg.lora_rank > 0:
+        from rl_factory.lora import apply_lora
+
+        model = apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules)
     return Policy(model, tokenizer, device, _autocast_dtype(cfg.dtype, device, saved_dtype), path)
 
 

@@ -34,6 +34,7 @@ from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, com
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
+from rl_factory.lora import is_lora, load_adapter
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker
@@ -92,8 +93,11 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env, arena or contextlib.nullcontext():
         # Servers start here, not on entering: a task without tools starts none.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
+        if policy.device.type == "cuda":
+            log.info("training on %s with the embedded backend (HF generate, one process); trainer.backend=verl is "
+                     "the fast GPU path (vLLM rollouts, FSDP, packed sequences): README 'Scaling out'", policy.device)
         value_head = build_value_head(alg.critic, policy.model) if use_critic else None
-        param_groups = [{"params": list(policy.model.parameters())}]
+        param_groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad]}]  # LoRA: adapters
         if value_head is not None:  # the critic learns at its own rate
             param_groups.append({"params": list(value_head.parameters()), "lr": alg.critic.lr})
         optimizer = torch.optim.AdamW(param_groups, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
@@ -244,8 +248,10 @@ def _resume(path: Path, policy, optimizer, scheduler, sampler) -> tuple[int, dic
     from transformers import AutoModelForCausalLM
 
     state = ckpt.load_trainer_state(path)
-    weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-    policy.model.load_state_dict(weights)
+    if is_lora(policy.model):  # the base is model.path's, unchanged: only the adapter comes back
+        load_adapter(policy.model, path)
+    else:
+        policy.model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["sampler"])

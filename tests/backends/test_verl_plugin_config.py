@@ -142,8 +142,24 @@ def test_raw_verl_keys_win_over_the_mapping_and_typos_are_named(tmp_path, tiny_m
     cfg = compose(tmp_path, tiny_model_dir, ["algorithm.advantage=reinforce_pp", "+algorithm.advantage_options.epsilon=0.001"])
     env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert json.loads(env_vars.RL_FACTORY_ADVANTAGE_OPTIONS) == {"epsilon": 0.001}
-    logger_file = Path(env_vars.VERL_FILE_LOGGER_PATH)  # one per launch: verl truncates its file on start
-    assert logger_file.parent == tmp_path / "verl_metrics" and logger_file.suffix == ".jsonl"
+    # jsonl is our metrics.jsonl contract (run_dir.RunDirLogger), not verl's file logger
+    assert list(cfg.trainer.logger) == ["console", "rl_factory"] and "VERL_FILE_LOGGER_PATH" not in env_vars
+
+
+def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_model_dir):
+    cfg = compose(tmp_path, tiny_model_dir, [])
+    model, actor = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor
+    # no flash-attn here: our varlen attention, registered in each worker through verl's external_lib
+    assert model.override_config.attn_implementation == "rl_factory_varlen"
+    assert "rl_factory.models.varlen_attention" in list(model.external_lib)
+    assert model.use_remove_padding and model.use_fused_kernels and actor.use_dynamic_bsz
+    # a tiny model leaves room for a full micro-batch without gradient checkpointing
+    assert model.enable_gradient_checkpointing is False and actor.ppo_max_token_len_per_gpu == 32768
+    assert cfg.data.dataloader_num_workers == 0
+    cfg = compose(tmp_path, tiny_model_dir, [], raw=["actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                                                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"])
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 4096
 
 
 @pytest.mark.parametrize("args, message", [

@@ -124,6 +124,28 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
         assert all(scores[i] > scores[wrong] for i in range(len(data)) if right[i])
     # verl's advantage step with the estimator the config names (verl's grpo, or our arena via the plugin)
     assert all((a > 0) == r for a, r in zip(adv, right)) and abs(sum(adv)) < 1e-5
+    assert_run_dir_contract(cfg, right)
+
+
+def assert_run_dir_contract(cfg, right):
+    """verl's trainer logs the step through its Tracking; ours writes metrics.jsonl and rollouts from the parts."""
+    import json
+    from pathlib import Path
+
+    from verl.utils.tracking import Tracking
+
+    tracking = Tracking("p", "e", default_backend=["rl_factory"], config=OmegaConf.to_container(cfg, resolve=True))
+    tracking.log({"timing_s/gen": 2.5, "timing_s/update_actor": 1.5, "critic/score/mean": 0.5}, step=1)
+    run = Path(cfg.rl_factory.trainer.output_dir)
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step"] == 1 and line["accuracy"] == pytest.approx(sum(right) / len(right))
+    assert line["reward/mean"] == pytest.approx(sum(right) / len(right))
+    assert line["tool/calls"] == 3 and line["tool/calculator/calls"] == 3 and line["tool/call_rate"] == 1.0
+    assert line["timing/rollout_s"] == 2.5 and line["timing/update_s"] == 1.5 and line["critic/score/mean"] == 0.5
+    rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert sorted(r["reward"] for r in rollouts) == sorted(float(r) for r in right)
+    assert all(r["num_turns"] == 2 and r["total_tokens"] > r["prompt_tokens"] > 0 for r in rollouts)
+    assert not (run / "rollouts" / ".parts" / "train_step_000001").exists()  # gathered once
 
 
 def test_v1_step_context_gives_one_sample_per_turn(ray_cluster, verl_setup):

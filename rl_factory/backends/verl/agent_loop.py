@@ -33,10 +33,12 @@ from envs import get_parser
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
+from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.chat import ChatFormat
 from rl_factory.components import EnvConfig, SamplingConfig, loop_config, open_env
 from rl_factory.config import section
 from rl_factory.engines.base import Generation, SamplingParams
+from rl_factory.evaluate import trajectory_record
 from rl_factory.rollout import Agent, RolloutConfig
 from rl_factory.types import Trajectory
 
@@ -102,9 +104,9 @@ class WorkerState:
     _locks: dict[int, tuple[Any, asyncio.Lock]] = {}
 
     def __init__(self, loop_cfg: RolloutConfig, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
-                 arena: ArenaGroups | None):
+                 arena: ArenaGroups | None, output_dir: Path):
         self.loop_cfg, self.env, self.fmt, self.parser, self.stop_ids = loop_cfg, env, fmt, parser, stop_ids
-        self.arena = arena
+        self.arena, self.output_dir = arena, output_dir
 
     @classmethod
     async def get(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
@@ -134,7 +136,7 @@ class WorkerState:
         if ours.algorithm.advantage == "arena":
             arena = ArenaGroups.from_config(ours, env, output_dir / "arena" / worker)
         return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
-                   {i for i in stop_ids if i is not None}, arena)
+                   {i for i in stop_ids if i is not None}, arena, output_dir)
 
 
 def _generation_eos_ids(config: DictConfig) -> list[int]:
@@ -166,10 +168,14 @@ class RLFactoryAgentLoop(AgentLoopBase):
             if group is not None:  # the siblings must not wait for this one forever
                 await group.submit(uid, session, None, self.rollout_config.n, kwargs.get("global_steps", 0))
             raise
+        step, split = int(kwargs.get("global_steps", 0) or 0), "val" if validate else "train"
         score = None
         if group is not None:  # ArenaRL: the tournament's score replaces the pointwise reward
-            score = await group.submit(uid, session, traj, self.rollout_config.n, kwargs.get("global_steps", 0))
-        return to_outputs(traj, timing, score, self.rollout_config.response_length)
+            score = await group.submit(uid, session, traj, self.rollout_config.n, step)
+            # verl skips its reward worker for this trajectory: its rollouts line is written here
+            write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score}])
+        return to_outputs(traj, timing, score, self.rollout_config.response_length,
+                          record=to_record(traj, step, split, session))
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:
@@ -183,15 +189,15 @@ class RLFactoryAgentLoop(AgentLoopBase):
         return traj, {**agent.timing(), "server_extra": engine.extra, "num_preempted": engine.num_preempted}
 
 
-def to_outputs(traj: Trajectory, timing: dict[str, Any], score: float | None,
-               response_length: int) -> AgentLoopOutput | list[AgentLoopOutput]:
+def to_outputs(traj: Trajectory, timing: dict[str, Any], score: float | None, response_length: int,
+               record: str | None = None) -> AgentLoopOutput | list[AgentLoopOutput]:
     """verl's output(s) for one trajectory: one sequence (append policy) or one per turn (step policy).
 
     The reward travels in `extra_fields` as our trajectory record (for `reward.compute_score`);
     `score` (ArenaRL) is set as `reward_score`, which makes verl skip its reward worker.
     """
     calls = traj.tool_calls
-    extra = {**timing.get("server_extra", {}), RECORD_KEY: to_record(traj), "tool_calls": len(calls),
+    extra = {**timing.get("server_extra", {}), RECORD_KEY: record or to_record(traj), "tool_calls": len(calls),
              "tool_errors": sum(not r.ok for r in traj.tool_results), "stop_reason": traj.stop_reason}
     metrics = AgentLoopMetrics(generate_sequences=timing.get("timing/generate_s", 0.0),
                                tool_calls=timing.get("timing/tools_s", 0.0),

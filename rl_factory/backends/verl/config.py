@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
-import time
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
+from rl_factory.backends.verl.run_dir import LOGGER_NAME
+from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
 from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
 
+log = logging.getLogger("rl_factory.verl")
+
 REWARD_FN_PATH = "pkg://rl_factory.backends.verl.reward"
-# our trainer.logger names -> verl's (jsonl -> verl's file logger, see VERL_FILE_LOGGER_PATH below)
-LOGGERS = {"console": "console", "jsonl": "file", "tensorboard": "tensorboard", "wandb": "wandb"}
+# our trainer.logger names -> verl's (jsonl -> our metrics.jsonl and rollouts, written by run_dir.RunDirLogger)
+LOGGERS = {"console": "console", "jsonl": LOGGER_NAME, "tensorboard": "tensorboard", "wandb": "wandb"}
 # Options verl's algorithm config holds itself; the rest travel in OPTIONS_ENV (see plugin.py).
 VERL_OPTIONS = {"norm_by_std", "gamma", "lam"}
 
@@ -42,6 +46,10 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         # model and data
         "actor_rollout_ref.model.path": model_path,
         "critic.model.path": model_path,
+        # LoRA (verl syncs the adapter into vLLM after every update)
+        "actor_rollout_ref.model.lora_rank": ours.model.lora_rank,
+        "actor_rollout_ref.model.lora_alpha": ours.model.lora_alpha,
+        "actor_rollout_ref.model.target_modules": ours.model.lora_target_modules,
         "data.train_files": data_files["train"],
         "data.val_files": data_files["val"],
         "data.train_batch_size": data.train_batch_size,
@@ -91,7 +99,8 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "reward.custom_reward_function.reward_kwargs": {"rl_factory": {
             "reward": OmegaConf.to_container(ours.reward, resolve=True),
             "tools": OmegaConf.to_container(ours.env.tools, resolve=True)
-            if isinstance(ours.env.tools, DictConfig) else ours.env.tools}},
+            if isinstance(ours.env.tools, DictConfig) else ours.env.tools,
+            "output_dir": str(out_dir)}},
         # trainer and run directory
         "trainer.experiment_name": ours.experiment_name,
         "trainer.total_training_steps": t.total_steps,
@@ -105,11 +114,7 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "trainer.validation_data_dir": str(out_dir / "rollouts_val") if t.save_rollouts else None,
         **_resume(t.resume),
     }
-    # verl's file logger truncates its file when it starts and writes {"step", "data": {...}} with verl's
-    # metric names: one file per launch, beside (not as) our metrics.jsonl, so a resumed run loses nothing.
-    launch = time.strftime("%Y%m%d-%H%M%S")
-    env_vars = {"VERL_FILE_LOGGER_PATH": str(out_dir / "verl_metrics" / f"{launch}.jsonl"),
-                "TENSORBOARD_DIR": str(out_dir / "tensorboard")}
+    env_vars = {"TENSORBOARD_DIR": str(out_dir / "tensorboard")}
     extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}
     if extra_opts:
         env_vars[OPTIONS_ENV] = json.dumps(extra_opts)
@@ -146,9 +151,44 @@ def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[st
     for key, value in verl_values(ours, data_files, model_path).items():
         if key not in given:  # a verl key set on the command line wins over the mapping
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    tuned = performance_plan(cfg, model_path)
+    for key, value in tuned.values.items():
+        if key not in given:
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    for reason in tuned.reasons:
+        if reason.split("=", 1)[0] not in given:
+            log.info("verl tuning: %s", reason)
+    if cfg.actor_rollout_ref.model.override_config.get("attn_implementation") == "rl_factory_varlen":
+        _add_external_lib(cfg, "actor_rollout_ref.model", given)
+        if cfg.algorithm.adv_estimator == "gae":
+            _add_external_lib(cfg, "critic.model", given)
     with open_dict(cfg):
         cfg.rl_factory = OmegaConf.create(OmegaConf.to_container(ours, resolve=True))
     return cfg
+
+
+VARLEN_MODULE = "rl_factory.models.varlen_attention"
+
+
+def _add_external_lib(cfg: DictConfig, prefix: str, given: set[str]) -> None:
+    """verl imports `<model>.external_lib` in every worker before building the model: our attention registers there."""
+    key = f"{prefix}.external_lib"
+    current = OmegaConf.select(cfg, key)
+    libs = [] if current is None else list(current) if not isinstance(current, str) else [current]
+    if VARLEN_MODULE not in libs:
+        OmegaConf.update(cfg, key, [VARLEN_MODULE, *libs], merge=False, force_add=True)
+
+
+def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
+    """The tuned settings for this model and GPU (rl_factory/backends/verl/tuning.py)."""
+    shape = None if model_path.startswith("builtin:") else ModelShape.from_path(model_path)
+    total, _measured = gpu_bytes()
+    try:
+        return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
+                    longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
+                    lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=cfg.algorithm.adv_estimator == "gae")
+    except ModelDoesNotFit as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_keys(base: DictConfig, parsed: list[Any]) -> None:

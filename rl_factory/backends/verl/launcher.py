@@ -146,6 +146,16 @@ def check_gpus(cfg: DictConfig) -> None:
                           "backend trains on GPUs only (use trainer.backend=embedded on CPU)")
 
 
+def check_rollout_engine(cfg: DictConfig) -> None:
+    """verl imports its rollout engine only inside a Ray worker, minutes in: check it is installed here first."""
+    import importlib.util
+
+    name = cfg.actor_rollout_ref.rollout.name
+    if importlib.util.find_spec(name) is None:
+        raise ConfigError(f"actor_rollout_ref.rollout.name={name} but {name} is not installed: on GPU nodes install the "
+                          "verl backend with `bash setup.sh --verl` (pip install -e '.[verl]': verl with vLLM)")
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -159,8 +169,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except (AssertionError, ValueError) as exc:
         raise ConfigError(f"verl rejected the config: {exc}") from None
     check_gpus(cfg)
+    check_rollout_engine(cfg)
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
-    (out_dir / "verl_metrics").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
     run_ppo(cfg, task_runner_class=TaskRunnerV1)

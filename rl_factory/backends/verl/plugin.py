@@ -21,6 +21,10 @@ Registered policy losses (`actor_rollout_ref.actor.policy_loss.loss_mode`): each
 are ours; the aggregation is verl's `agg_loss` with its global-batch normalizer, so the loss is the
 same whatever the micro-batch and data-parallel split.
 
+It also adds the `rl_factory` backend to verl's `Tracking` (rl_factory/backends/verl/run_dir.py): the
+TaskRunner process, which logs each step's metrics, imports verl too, so that is where our
+metrics.jsonl and rollouts files get written.
+
 Keep this module light: it runs while `verl/__init__` is still executing.
 """
 from __future__ import annotations
@@ -127,6 +131,11 @@ def register() -> None:
         _check_free(core_algos.POLICY_LOSS_REGISTRY, name, "a policy loss")
         core_algos.register_policy_loss(name)(_policy_loss(name))
         REGISTERED_LOSSES.append(name)
+    from verl.utils.tracking import Tracking
+
+    from rl_factory.backends.verl.run_dir import install
+
+    install(Tracking)
 
 
 def _check_free(registry: dict[str, Any], name: str, kind: str) -> None:

@@ -18,14 +18,16 @@ from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 RECORD_KEY = "rl_factory_trajectory"
 
 
-def to_record(traj: Trajectory) -> str:
+def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: int = 0) -> str:
+    """The trajectory as JSON, with where it belongs in the run (global step, split, session)."""
     turns = [{
         "generated_ids": t.generated_ids, "text": t.text,
         "tool_calls": [dataclasses.asdict(c) for c in t.tool_calls],
         "tool_results": [{**dataclasses.asdict(r), "call": dataclasses.asdict(r.call)} for r in t.tool_results],
     } for t in traj.turns]
     record = {"sample_index": traj.sample_index, "messages": traj.messages, "turns": turns,
-              "stop_reason": traj.stop_reason, "sample": traj.sample}
+              "stop_reason": traj.stop_reason, "sample": traj.sample, "step": step, "split": split,
+              "session": session, "prompt_tokens": len(traj.prompt_ids), "total_tokens": len(traj.token_ids)}
     return json.dumps(record, default=str)
 
 
@@ -39,3 +41,17 @@ def from_record(text: str) -> Trajectory:
     return Trajectory(sample_index=record["sample_index"], prompt_ids=[], token_ids=[], loss_mask=[], logprobs=[],
                       messages=record["messages"], turns=turns, stop_reason=record["stop_reason"],
                       sample=record["sample"])
+
+
+def rollout_line(record: str | dict[str, Any], traj: Trajectory) -> dict[str, Any]:
+    """The rollouts-file line (`trajectory_record`) of a scored trajectory rebuilt by `from_record`.
+
+    The token counts come from the record: the rebuilt trajectory carries no prompt or observation ids.
+    """
+    from rl_factory.evaluate import trajectory_record
+
+    meta = json.loads(record) if isinstance(record, str) else record
+    line = trajectory_record(traj)
+    line.update(session=meta.get("session", 0), prompt_tokens=meta.get("prompt_tokens", 0),
+                total_tokens=meta.get("total_tokens", 0))
+    return line

@@ -18,7 +18,8 @@ import asyncio
 import json
 from typing import Any
 
-from rl_factory.backends.verl.records import RECORD_KEY, from_record
+from rl_factory.backends.verl.records import RECORD_KEY, from_record, rollout_line
+from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.components import EnvConfig, open_env
 from rl_factory.config import section
 from rewards.combine import RewardConfig, build_reward
@@ -30,8 +31,9 @@ _SCORERS: dict[str, _Scorer] = {}
 class _Scorer:
     """The reward, process reward and (lazy) tool env of one reward worker process."""
 
-    def __init__(self, reward_cfg: dict[str, Any], tools: Any):
+    def __init__(self, reward_cfg: dict[str, Any], tools: Any, output_dir: str | None = None):
         cfg = section({"reward": reward_cfg}, "reward", RewardConfig)
+        self.output_dir = output_dir  # where the scored rollouts lines go (run_dir.py); None: nowhere
         self.reward = build_reward(cfg)
         self.process = ProcessReward(cfg.process, on_error=cfg.on_error)
         self.tools_cfg, self.env, self._lock = EnvConfig(tools=tools), None, asyncio.Lock()
@@ -51,12 +53,15 @@ class _Scorer:
             result["score"] = self.process.outcome(traj)
         result.update({f"reward/{k}": float(v) for k, v in traj.reward_info.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        if self.output_dir:
+            meta = json.loads(record)
+            write_part(self.output_dir, meta.get("split", "train"), meta.get("step", 0), [rollout_line(meta, traj)])
         return result
 
 
 async def compute_score(data_source: str = None, solution_str: str = None, ground_truth: str = None,
                         extra_info: dict | None = None, rl_factory: Any = None, **_: Any) -> dict[str, Any]:
-    """verl's reward call; `rl_factory` = {"reward": our reward config, "tools": env.tools} (reward_kwargs)."""
+    """verl's reward call; `rl_factory` = {"reward": our reward config, "tools": env.tools, "output_dir"} (reward_kwargs)."""
     extra_info = extra_info or {}
     if RECORD_KEY not in extra_info:
         raise ValueError(f"sample {extra_info.get('index')}: no {RECORD_KEY} in extra_info; this reward scores "
@@ -64,7 +69,7 @@ async def compute_score(data_source: str = None, solution_str: str = None, groun
     settings = _plain(rl_factory or {})
     key = json.dumps(settings, sort_keys=True, default=str)
     if key not in _SCORERS:
-        _SCORERS[key] = _Scorer(settings.get("reward") or {}, settings.get("tools"))
+        _SCORERS[key] = _Scorer(settings.get("reward") or {}, settings.get("tools"), settings.get("output_dir"))
     return await _SCORERS[key](extra_info[RECORD_KEY])
 
 

@@ -1,0 +1,334 @@
+"""One verl training step on a GPU, phase by phase, beside what the hardware does on the same work.
+
+    python benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5            # random init, builtin tokenizer
+    python benchmarks/gpu_step.py --model /path/to/hf_model --steps 5
+    python benchmarks/gpu_step.py --model <tiny model dir> --agent-loop verl_tool_agent   # verl's own loop
+
+It runs `bash main_grpo.sh trainer.backend=verl` for `--steps` steps of the calculator tool task (16
+prompts x 8 rollouts, `--max-response-tokens` per turn, no validation, no checkpoint), reads the run's
+metrics.jsonl, then measures three ceilings in the same invocation, each in a fresh process on the same
+GPU, on the same model and the same token counts:
+
+- `vllm_generate`: vLLM alone (offline `LLM.generate`) on as many requests as the step had trajectories,
+  each prompt repeated `n` times as in a GRPO group, prompts of the step's mean prompt length, generating
+  the step's mean generated length (ignore_eos), at the rollout's gpu_memory_utilization;
+- `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
+  flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
+  micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
+
+Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs),
+tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
+`--shape`: qwen3-0.6b / qwen3-4b are Qwen3's layer shapes with the builtin tokenizer's small vocabulary
+(so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B)
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128),
+}
+# The same job before tuning (2026-12-01, one H200): 0.44B qwen3-0.6b shape, 16 x 8, 256 tokens a turn.
+BASELINE_STEP_S = {"qwen3-0.6b": 23.0}
+
+
+def builtin_tokenizer_dir() -> Path:
+    import asyncio
+
+    from rl_factory.components import EnvConfig, open_env
+    from rl_factory.policy import resolve_model_path
+
+    async def tools():
+        async with open_env(EnvConfig(tools=str(ROOT / "configs/tools/calculator.yaml"))) as env:
+            return await env.list_tools()
+
+    return Path(resolve_model_path("builtin:tiny-calculator", asyncio.run(tools()), 0, log=lambda *a: None))
+
+
+def build_shape(shape: str, out: Path) -> Path:
+    """A randomly initialized Qwen3 of `shape` with the builtin tokenizer and chat template (bf16)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
+
+    target = out / f"model-{shape}"
+    if (target / "config.json").exists():
+        return target
+    source = builtin_tokenizer_dir()
+    tok = AutoTokenizer.from_pretrained(source)
+    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    tok.save_pretrained(target)
+    GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(target)
+    for extra in ("chat_template.jinja",):
+        if (source / extra).exists() and not (target / extra).exists():
+            shutil.copy(source / extra, target / extra)
+    return target
+
+
+def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
+    out = [f"model.path={model}", "trainer.backend=verl", "trainer.n_gpus_per_node=1", f"trainer.total_steps={args.steps}",
+           f"trainer.output_dir={run_dir}", f"data.train_batch_size={args.batch}", f"rollout.n={args.n}",
+           f"rollout.max_response_tokens={args.max_response_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
+           f"env.max_turns={args.max_turns}", "trainer.resume=never", "trainer.val_before_train=false",
+           "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+           f"model.lora_rank={args.lora_rank}", f"optim.lr={args.lr}",
+           f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}"]
+    if args.agent_loop == "verl_tool_agent":
+        base = ROOT / "benchmarks" / "verl_tool_agent"
+        out += ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={base / 'tool_config.yaml'}",
+                "actor_rollout_ref.rollout.multi_turn.format=hermes",
+                f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}",
+                f"reward.custom_reward_function.path={base / 'reward.py'}",
+                "reward.custom_reward_function.name=compute_score"]
+    return out + list(args.overrides)
+
+
+def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float]:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    t0 = time.perf_counter()
+    proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (run_dir / "bench_stdout.log").parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench_stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"gpu_step: the verl run failed (exit {proc.returncode}); log: {run_dir / 'bench_stdout.log'}\n"
+                 + proc.stderr[-3000:])
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m["step"] >= 1], wall
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def step_numbers(lines: list[dict]) -> dict:
+    """Median per-phase seconds and token counts over steps 2..K."""
+    steady = [m for m in lines if m["step"] >= 2] or lines
+    phases = {"generate": "timing/rollout_s", "old_log_prob": "timing/old_log_prob_s", "update": "timing/update_s",
+              "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s"}
+    out = {name: _median([m[key] for m in steady if key in m]) for name, key in phases.items()}
+    out["total_tokens"] = _median([m["perf/total_num_tokens"] for m in steady if "perf/total_num_tokens" in m])
+    out["all_step_s"] = [round(m.get("timing/step_s", float("nan")), 3) for m in lines]
+    out["max_memory_allocated_gb"] = max((m.get("perf/max_memory_allocated_gb", 0) for m in lines), default=0)
+    out["max_memory_reserved_gb"] = max((m.get("perf/max_memory_reserved_gb", 0) for m in lines), default=0)
+    return out
+
+
+def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
+    """Per-trajectory prompt / generated / total tokens of the measured steps (our rollouts files)."""
+    prompts, generated, totals, turns = [], [], [], []
+    for step in steps:
+        path = run_dir / "rollouts" / f"step_{step:06d}.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            prompts.append(r["prompt_tokens"]), generated.append(r["generated_tokens"])
+            totals.append(r["total_tokens"]), turns.append(r["num_turns"])
+    return {"prompt": prompts, "generated": generated, "total": totals, "turns": turns}
+
+
+# ---- ceilings (each runs in its own process: `python gpu_step.py --ceiling NAME --spec JSON`) ----------
+
+def ceiling_vllm(spec: dict) -> dict:
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
+              max_model_len=spec["prompt_len"] + spec["gen_len"] + 16, enable_prefix_caching=True)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])] for _ in range(spec["prompts"])]
+    requests = [{"prompt_token_ids": p} for p in prompts for _ in range(spec["n"])]
+    params = SamplingParams(temperature=1.0, max_tokens=spec["gen_len"], min_tokens=spec["gen_len"], ignore_eos=True)
+    llm.generate(requests[: spec["n"]], params, use_tqdm=False)  # warm up: graphs, allocator
+    t0 = time.perf_counter()
+    outs = llm.generate(requests, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+
+
+def ceiling_train(spec: dict) -> dict:
+    """Plain PyTorch forward(+backward) over the step's sequences, packed by the actor's token budget."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    import rl_factory.models.varlen_attention  # noqa: F401 - registers rl_factory_varlen
+    from rl_factory.backends.verl.tuning import attention_implementation
+
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
+                                                 attn_implementation=attention_implementation()).cuda()
+    budget, lengths = spec["token_budget"], spec["lengths"]
+    batches, current = [], []
+    for n in lengths:
+        if current and sum(current) + n > budget:
+            batches.append(current)
+            current = []
+        current.append(n)
+    batches.append(current)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    packed = []
+    for batch in batches:
+        total = sum(batch)
+        ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=gen)
+        pos = torch.cat([torch.arange(n, device="cuda") for n in batch])[None]
+        packed.append((ids, pos))
+
+    def run(backward: bool) -> None:
+        for ids, pos in packed:
+            with torch.set_grad_enabled(backward):
+                logits = model(input_ids=ids, position_ids=pos).logits
+                loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
+            if backward:
+                loss.backward()
+        torch.cuda.synchronize()
+
+    out, tokens = {}, sum(lengths)
+    for name, backward in (("forward_backward", True), ("forward", False)):
+        model.train(backward)
+        run(backward)  # warm up
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run(backward)
+            times.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        seconds = statistics.median(times)
+        out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+    out["attn_implementation"] = attention_implementation()
+    return out
+
+
+def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
+    path = out_dir / f"ceiling-{name}.json"
+    proc = subprocess.run([sys.executable, __file__, "--ceiling", name, "--spec", json.dumps(spec), "--result", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    if proc.returncode != 0 or not path.exists():
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return json.loads(path.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--model", help="a Hugging Face model directory")
+    which.add_argument("--shape", choices=sorted(SHAPES), help="a random-init Qwen3 shape with the builtin tokenizer")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-response-tokens", type=int, default=256)
+    ap.add_argument("--max-total-tokens", type=int, default=512)
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--lora-rank", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--agent-loop", choices=["rl_factory", "verl_tool_agent"], default="rl_factory")
+    ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
+    ap.add_argument("--ceiling", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
+    args = ap.parse_args()
+    if args.ceiling:
+        fn = {"vllm": ceiling_vllm, "train": ceiling_train}[args.ceiling]
+        Path(args.result).write_text(json.dumps(fn(json.loads(args.spec))))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_shape(args.shape, out) if args.shape else Path(args.model) if args.model else builtin_tokenizer_dir()
+    tag = f"{args.shape or model.name}-{args.agent_loop}" + (f"-lora{args.lora_rank}" if args.lora_rank else "")
+    run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
+    lines, wall = run_verl(args, model, run_dir)
+    numbers = step_numbers(lines)
+    config = (run_dir / "config.yaml").read_text()
+    import yaml
+
+    cfg = yaml.safe_load(config)
+    lengths = rollout_lengths(run_dir, [m["step"] for m in lines if m["step"] >= 2])
+    trajectories = len(lengths["total"]) / max(1, len({m["step"] for m in lines if m["step"] >= 2}))
+    gen_tokens = sum(lengths["generated"]) / max(1, len({m["step"] for m in lines if m["step"] >= 2}))
+    result = {
+        "bench": "gpu_step", "model": str(model), "shape": args.shape, "agent_loop": args.agent_loop,
+        "lora_rank": args.lora_rank, "steps": args.steps, "trajectories_per_step": trajectories,
+        "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
+        "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
+        "phases": {
+            "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
+                         "tokens_per_s": gen_tokens / numbers["generate"]},
+            "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],
+                             "tokens_per_s": numbers["total_tokens"] / numbers["old_log_prob"]},
+            "update": {"s": numbers["update"], "tokens": numbers["total_tokens"],
+                       "tokens_per_s": numbers["total_tokens"] / numbers["update"]},
+            "update_weights": {"s": numbers["update_weights"]}, "reward": {"s": numbers["reward"]},
+        },
+        "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"]},
+        "tuned": {k: _select(cfg, k) for k in (
+            "actor_rollout_ref.model.override_config.attn_implementation",
+            "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_fused_kernels",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.gpu_memory_utilization")},
+    }
+    if args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank:
+        result["baseline_step_s"] = BASELINE_STEP_S[args.shape]
+        result["speedup_vs_baseline"] = BASELINE_STEP_S[args.shape] / numbers["step"]
+    if not args.no_ceilings and lengths["total"]:
+        n_prompts = max(1, round(trajectories / args.n))
+        vllm = measure_ceiling("vllm", {
+            "model": str(model), "gpu_memory_utilization": result["tuned"]["actor_rollout_ref.rollout.gpu_memory_utilization"],
+            "prompts": n_prompts, "n": args.n, "prompt_len": round(statistics.fmean(lengths["prompt"])),
+            "gen_len": max(1, round(gen_tokens / trajectories)), "vocab": _vocab(model)}, out)
+        steps_measured = max(1, len({m["step"] for m in lines if m["step"] >= 2}))
+        one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
+        train = measure_ceiling("train", {"model": str(model), "lengths": one_step,
+                                          "token_budget": result["tuned"]["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
+                                          or 16384}, out)
+        result["ceilings"] = {"vllm_generate": vllm, **train}
+        ratio = lambda ours, ceil: ours / ceil if ceil else None  # noqa: E731
+        result["ratio_to_ceiling"] = {
+            "generate_vs_vllm": ratio(result["phases"]["generate"]["tokens_per_s"], vllm.get("tokens_per_s")),
+            "old_log_prob_vs_forward": ratio(result["phases"]["old_log_prob"]["tokens_per_s"],
+                                             train.get("forward", {}).get("tokens_per_s")),
+            "update_vs_forward_backward": ratio(result["phases"]["update"]["tokens_per_s"],
+                                                train.get("forward_backward", {}).get("tokens_per_s")),
+        }
+    print(json.dumps(result))
+
+
+def _vocab(model: Path) -> int:
+    return json.loads((model / "config.json").read_text())["vocab_size"]
+
+
+def _select(cfg: dict, key: str):
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Our run-directory contract on verl: `metrics.jsonl` with our names, `rollouts/step_NNNNNN.jsonl`.
+
+The embedded trainer writes one metrics line per step (`reward/mean`, `accuracy`, `tool/*`,
+`timing/*`, `val/*` at validation steps) and every trajectory to `rollouts/`; the report, eval
+comparisons and users' scripts read those. On verl the pieces of a step live in different processes:
+
+- a trajectory is scored in a reward worker (or, for ArenaRL, in its agent-loop worker), which
+  appends its rollouts line (`trajectory_record`, reward included) to its own part file
+  `rollouts/.parts/<split>_step_NNNNNN/<host>-<pid>.jsonl` (one writer per file: no locks, and on
+  several nodes each writes to the shared run directory);
+- verl's trainer logs the step's metrics through its `Tracking` object in the TaskRunner process,
+  after every reward of the step is in. `RunDirLogger`, added to `Tracking` by our plugin when
+  `trainer.logger` names `rl_factory`, then gathers the step's parts into `rollouts/step_N.jsonl`
+  (`val_step_N.jsonl` at validation steps), computes our metrics from them with the embedded
+  backend's own `summarize_records`, maps verl's timing names onto ours, and appends one line to
+  `metrics.jsonl`: our names plus every verl metric under its own name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+PARTS_DIR = Path("rollouts") / ".parts"
+LOGGER_NAME = "rl_factory"
+INVALID_TOOL = "_invalid"  # calls to names no server serves, pooled as ToolEnv.metrics() does
+# verl's timing_s/<phase> -> our timing/<name>_s, where our name differs from verl's phase name
+TIMING_NAMES = {"gen": "rollout", "update_actor": "update"}
+
+
+def write_part(out_dir: str | Path, split: str, step: int, lines: list[dict[str, Any]]) -> None:
+    """Append scored rollouts lines of `split` at `step` to this process's part file."""
+    part = Path(out_dir) / PARTS_DIR / f"{split}_step_{int(step):06d}" / f"{socket.gethostname()}-{os.getpid()}.jsonl"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with part.open("a", encoding="utf-8") as f:  # one write per line: a reader never sees half a line
+        for line in lines:
+            f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+
+
+def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
+    """The step's lines from every part file, into `rollouts/[val_]step_N.jsonl`; the parts are removed."""
+    parts = out_dir / PARTS_DIR / f"{split}_step_{step:06d}"
+    if not parts.is_dir():
+        return []
+    lines = [json.loads(text) for part in sorted(parts.glob("*.jsonl"))
+             for text in part.read_text(encoding="utf-8").splitlines() if text.strip()]
+    lines.sort(key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
+    name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
+    target = out_dir / "rollouts" / name
+    tmp = target.with_name(f".{name}.tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in lines), encoding="utf-8")
+    tmp.replace(target)
+    shutil.rmtree(parts, ignore_errors=True)
+    return lines
+
+
+def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None) -> dict[str, float]:
+    """ToolEnv.metrics()'s counters (`tool/calls`, `tool/<name>/calls`, `tool/errors/<kind>`, ...) from rollouts lines."""
+    counts: Counter[str] = Counter()
+    latencies = []
+    for line in lines:
+        for res in line["tool_results"]:
+            unknown = res["error_kind"] == "unknown_tool" or (tool_names is not None and res["name"] not in tool_names)
+            name = INVALID_TOOL if unknown else res["name"]
+            counts["tool/calls"] += 1
+            counts[f"tool/{name}/calls"] += 1
+            if res["error_kind"] is not None:
+                counts[f"tool/errors/{res['error_kind']}"] += 1
+                counts[f"tool/{name}/errors/{res['error_kind']}"] += 1
+            elif res.get("latency_s"):
+                latencies.append(res["latency_s"])
+    out = {k: float(v) for k, v in counts.items()}
+    if latencies:
+        out["tool/latency_s/mean"], out["tool/latency_s/max"] = sum(latencies) / len(latencies), max(latencies)
+    return out
+
+
+def our_metrics(data: dict[str, Any]) -> dict[str, Any]:
+    """Our names for verl's step metrics that have one: timing_s/<phase> -> timing/<phase>_s."""
+    out = {}
+    for key, value in data.items():
+        if key.startswith("timing_s/"):
+            phase = key.split("/", 1)[1]
+            out[f"timing/{TIMING_NAMES.get(phase, phase)}_s"] = value
+    return out
+
+
+class RunDirLogger:
+    """A verl `Tracking` backend that writes our metrics.jsonl and rollouts (module docstring)."""
+
+    def __init__(self, config: dict[str, Any]):
+        from rl_factory.tracking import JsonlLogger
+
+        ours = config["rl_factory"]
+        self.out_dir = Path(ours["trainer"]["output_dir"])
+        self.threshold = float(ours["reward"]["success_threshold"])
+        resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
+        self.jsonl = JsonlLogger(self.out_dir, None, resume)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        from rl_factory.evaluate import summarize_records
+
+        metrics: dict[str, Any] = {}
+        train = gather(self.out_dir, "train", step)
+        if train:
+            metrics.update(summarize_records(train, self.threshold))
+            metrics.update(tool_counts(train))
+        if any(key.startswith("val-") for key in data):
+            val = gather(self.out_dir, "val", step)
+            metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
+        metrics.update(our_metrics(data))
+        self.jsonl.log({**metrics, **{k: v for k, v in data.items() if k not in metrics}}, step=step)
+
+    def finish(self) -> None:
+        self.jsonl.close()
+
+
+def _resume_step(config: dict[str, Any]) -> int | None:
+    """The step a resumed verl run continues after (its last checkpoint), so metrics.jsonl keeps each step once."""
+    ckpt_dir = Path(config["trainer"]["default_local_dir"])
+    marker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    try:
+        return int(marker.read_text().strip()) + 1
+    except (OSError, ValueError):
+        return None
+
+
+def install(tracking_cls: Any) -> None:
+    """Teach verl's `Tracking` the `rl_factory` backend (called by our plugin in every verl process)."""
+    if LOGGER_NAME in tracking_cls.supported_backend:
+        return
+    tracking_cls.supported_backend = [*tracking_cls.supported_backend, LOGGER_NAME]
+    original_init = tracking_cls.__init__
+
+    def __init__(self, project_name, experiment_name, default_backend="console", config=None):
+        backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        original_init(self, project_name, experiment_name, [b for b in backends if b != LOGGER_NAME], config)
+        if LOGGER_NAME in backends and config is not None and "rl_factory" in config:
+            self.logger[LOGGER_NAME] = RunDirLogger(config)
+
+    tracking_cls.__init__ = __init__

@@ -1,0 +1,159 @@
+"""Per-run defaults for verl's FSDP actor and vLLM rollout, worked out from the model and the GPU.
+
+verl's own defaults suit none of our runs well: flash-attn-only padding-free attention, padded
+fixed-size micro-batches, full-vocab fp32 logits for every log-prob, gradient checkpointing always on,
+and a vLLM memory share that ignores what the trainer keeps on the GPU. `plan()` decides each of these
+for the model at hand (its shape read from its config, its size counted on the meta device) and the
+GPU's memory, and says why in one line each; any of these keys set on the command line wins.
+
+The memory model (bytes, per GPU, FSDP over `gpus` ranks, bf16 compute, fp32 master weights as verl
+keeps them):
+  static   = 16 P / gpus (fp32 weights, grads, Adam moments) + the bf16 copy of one layer gathered
+             (LoRA: 4 P / gpus for the frozen fp32 base, adapters negligible)
+  per token= 2 L (6 h + 3 h_q + 2 h_kv + 4 i)   saved activations of a decoder layer, no checkpointing
+             2 L (2 h) + one layer's activations   with gradient checkpointing
+             (both times ACTIVATION_SLACK)
+The token budget of a micro-batch is what fits in `MEMORY_FRACTION` of the GPU after the static part;
+checkpointing is switched on only when that budget without it would be below `MIN_TOKENS_PER_MICRO`
+(or below the longest sequence). These are estimates, not measurements: the README's GPU table gives
+what was measured with them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("rl_factory.verl")
+
+GIB = 1024**3
+MEMORY_FRACTION = 0.85         # of the GPU, for the trainer while vLLM sleeps
+CUDA_CONTEXT_BYTES = 3 * GIB   # per process: CUDA context, NCCL buffers, allocator slack
+MIN_TOKENS_PER_MICRO = 16384   # below this, kernels run too small to keep an H100-class GPU busy
+MAX_TOKENS_PER_MICRO = 32768   # above this, fewer micro-batches buy nothing
+# The per-token formula counts the tensors a decoder layer saves in bf16; RMSNorm's fp32 upcasts,
+# the rotated q/k copies and allocator fragmentation roughly double it in practice.
+ACTIVATION_SLACK = 2
+ROLLOUT_MEMORY_SHARE = 0.6     # vLLM's share when the trainer's state leaves room for it
+ASSUMED_GPU_BYTES = 80 * GIB   # when no GPU is visible here (--cfg job on a CPU machine, a remote Ray cluster)
+
+
+@dataclass
+class ModelShape:
+    params: int
+    layers: int
+    hidden: int
+    heads_dim: int      # query heads x head dim
+    kv_dim: int         # key/value heads x head dim
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def from_path(cls, path: str) -> ModelShape | None:
+        """The shape of the model at `path` (a local dir or a cached hub id), or None if unreadable."""
+        try:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            cfg = AutoConfig.from_pretrained(path)
+            text = getattr(cfg, "text_config", None) or cfg
+            with torch.device("meta"):
+                params = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        except Exception as exc:  # noqa: BLE001 - any failure means "plan without the model's shape"
+            log.warning("verl tuning: cannot read the model config at %s (%s); using verl's static defaults",
+                        path, exc)
+            return None
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        return cls(params, text.num_hidden_layers, text.hidden_size, text.num_attention_heads * head_dim,
+                   kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size)
+
+    def activation_bytes_per_token(self, checkpointing: bool) -> int:
+        layer = 2 * (6 * self.hidden + 3 * self.heads_dim + 2 * self.kv_dim + 4 * self.intermediate)
+        saved = 2 * self.layers * 2 * self.hidden + layer if checkpointing else self.layers * layer
+        return ACTIVATION_SLACK * saved
+
+
+@dataclass
+class Plan:
+    values: dict[str, Any] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    def set(self, key: str, value: Any, reason: str) -> None:
+        self.values[key] = value
+        self.reasons.append(f"{key}={value}: {reason}")
+
+
+class ModelDoesNotFit(ValueError):
+    """The model's training state alone exceeds the GPU: the message names the settings to change."""
+
+
+def gpu_bytes() -> tuple[int, bool]:
+    """Memory of GPU 0 here, and whether it was measured (else the assumed 80 GiB)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory, True
+    except Exception:  # noqa: BLE001
+        pass
+    return ASSUMED_GPU_BYTES, False
+
+
+def attention_implementation() -> str:
+    """flash-attn's varlen kernel where the package is installed, else ours on torch's own kernel."""
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "rl_factory_varlen"
+
+
+def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
+         critic: bool) -> Plan:
+    """verl key -> value for the performance settings (see the module docstring)."""
+    out = Plan()
+    attn = attention_implementation()
+    why = ("flash-attn is installed" if attn == "flash_attention_2" else
+           "no flash-attn: torch's FlashAttention varlen kernel on packed sequences (rl_factory/models/varlen_attention.py)")
+    for prefix in ("actor_rollout_ref.model", *(("critic.model",) if critic else ())):
+        out.set(f"{prefix}.override_config.attn_implementation", attn, why)
+    out.set("actor_rollout_ref.model.use_remove_padding", True, "packed micro-batches: no compute on padding")
+    out.set("actor_rollout_ref.actor.use_dynamic_bsz", True, "micro-batches by token budget, not by sequence count")
+    out.set("actor_rollout_ref.model.use_fused_kernels", True,
+            "log-probs from hidden states in vocab chunks: full-vocab fp32 logits are never materialized")
+    out.set("actor_rollout_ref.model.fused_kernel_options.impl_backend", "torch", "needs no extra package")
+    out.set("data.dataloader_num_workers", 0,
+            "rows are tokenized in microseconds; worker processes only outlive the job (a 'killed by signal' traceback)")
+    if shape is None:
+        return out
+    static = (4 if lora else 16) * shape.params // gpus + 2 * shape.params // max(1, shape.layers) + CUDA_CONTEXT_BYTES
+    budget = int(gpu_total * MEMORY_FRACTION) - static
+    need = max(MIN_TOKENS_PER_MICRO, longest_sequence)
+    if budget <= 0 or budget // shape.activation_bytes_per_token(True) < longest_sequence:
+        raise ModelDoesNotFit(
+            f"a {shape.params / 1e9:.1f}B-parameter model needs about {static / GIB:.0f} GiB per GPU for its training "
+            f"state on {gpus} GPU(s) of {gpu_total / GIB:.0f} GiB, leaving no room for one {longest_sequence}-token "
+            "sequence: raise trainer.n_gpus_per_node (or nnodes), train LoRA adapters (model.lora_rank=64), or offload "
+            "with actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+    no_ckpt = budget // shape.activation_bytes_per_token(False)
+    checkpointing = no_ckpt < need
+    tokens = budget // shape.activation_bytes_per_token(checkpointing)
+    tokens = max(longest_sequence, min(MAX_TOKENS_PER_MICRO, tokens))
+    fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
+    out.set("actor_rollout_ref.model.enable_gradient_checkpointing", checkpointing,
+            f"{fits}: {no_ckpt} tokens fit without it" + (" (too few)" if checkpointing else ""))
+    out.set("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens, f"tokens per micro-batch that fit ({fits})")
+    forward = max(longest_sequence, min(2 * MAX_TOKENS_PER_MICRO, 2 * tokens))
+    for key in ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"):
+        out.set(key, forward, "forward only: no saved activations, twice the training budget")
+    out.set("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", True, "old log-probs by token budget too")
+    out.set("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", True, "reference log-probs by token budget too")
+    if critic:
+        out.set("critic.use_dynamic_bsz", True, "as the actor")
+        out.set("critic.ppo_max_token_len_per_gpu", tokens, "as the actor")
+        out.set("critic.model.enable_gradient_checkpointing", checkpointing, "as the actor")
+    # vLLM is awake while the trainer's state stays on the GPU: its share must leave that room.
+    room = (gpu_total * 0.9 - static) / gpu_total
+    share = round(max(0.1, min(ROLLOUT_MEMORY_SHARE, room)), 2)
+    out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
+            f"vLLM's weights and KV cache beside {static / GIB:.0f} GiB of training state")
+    return out
