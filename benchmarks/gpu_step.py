@@ -92,7 +92,8 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
            f"env.max_turns={args.max_turns}", "trainer.resume=never", "trainer.val_before_train=false",
            "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
            f"model.lora_rank={args.lora_rank}", f"optim.lr={args.lr}",
-           f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}"]
+           # Ray workers get this PYTHONPATH instead of the driver's: keep the driver's entries after ours
+           f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}:{os.environ.get('PYTHONPATH', '')}"]
     if args.agent_loop == "verl_tool_agent":
         base = ROOT / "benchmarks" / "verl_tool_agent"
         out += ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
@@ -105,17 +106,29 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
 
 
 def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float]:
+    """Run the job (its output streamed to run_dir/bench_stdout.log); stop it after --timeout seconds."""
+    import signal
+
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
-    proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
-                          env=env, capture_output=True, text=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:  # keep what finished: the steps logged so far are still measured
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = "timeout"
     wall = time.perf_counter() - t0
-    (run_dir / "bench_stdout.log").parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / "bench_stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode != 0:
-        sys.exit(f"gpu_step: the verl run failed (exit {proc.returncode}); log: {run_dir / 'bench_stdout.log'}\n"
-                 + proc.stderr[-3000:])
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_dir / "metrics.jsonl"
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    if code != 0:
+        print(f"gpu_step: the verl run ended with {code} after {wall:.0f} s; log: {log}", file=sys.stderr)
+        if not [m for m in lines if m["step"] >= 1]:
+            sys.exit(log.read_text()[-4000:])
     return [m for m in lines if m["step"] >= 1], wall
 
 
@@ -247,6 +260,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--agent-loop", choices=["rl_factory", "verl_tool_agent"], default="rl_factory")
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
     ap.add_argument("--ceiling", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)

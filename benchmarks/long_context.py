@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--warm-start-steps", type=int, default=60)
     ap.add_argument("--out", default=str(ROOT / "outputs" / "long_context"))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(args.out)
@@ -120,7 +121,7 @@ def main() -> None:
     warm_s = time.perf_counter() - t0
     run_args = argparse.Namespace(
         steps=args.steps, batch=16, n=8, max_response_tokens=64, max_total_tokens=9216, max_turns=args.turns,
-        lora_rank=0, lr=1e-6, agent_loop="rl_factory",
+        lora_rank=0, lr=1e-6, agent_loop="rl_factory", timeout=args.timeout,
         overrides=[f"env.tools={manifest}", f"data.train_files={data}", f"data.val_files={data}",
                    "rollout.max_tool_response_tokens=1536", "data.max_prompt_length=1024", *args.overrides])
     run_dir = out / f"run-{time.strftime('%H%M%S')}"

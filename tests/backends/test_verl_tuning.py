@@ -75,3 +75,17 @@ def test_a_model_too_large_for_the_gpus_stops_the_launch_with_one_line(tmp_path)
                          env={**os.environ, "PYTHON": sys.executable})
     assert run.returncode == 2, run.stderr[-2000:]
     assert "n_gpus_per_node" in run.stderr and "lora_rank" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_checkout_that_is_not_installed_is_refused_before_ray_starts(monkeypatch):
+    """Importable from PYTHONPATH is not enough: verl's workers load us through the entry point only."""
+    import importlib.metadata
+
+    pytest.importorskip("verl")
+    from rl_factory.backends.verl.launcher import check_plugin
+    from rl_factory.config import ConfigError
+
+    check_plugin("grpo", "ppo_clip")  # the dev install has the entry point
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    with pytest.raises(ConfigError, match="not installed as a package"):
+        check_plugin("grpo", "ppo_clip")

@@ -28,11 +28,26 @@ log = logging.getLogger("rl_factory.verl")
 STEP_CONTEXT_ESTIMATORS = ("grpo",)  # verl broadcasts a session's advantage to its per-turn samples only for grpo
 
 
+PLUGIN_MODULE = "rl_factory.backends.verl.plugin"
+
+
 def check_plugin(advantage: str, policy_loss: str) -> None:
-    """Our names must be in verl's registries of this process (the entry point ran at `import verl`)."""
+    """Our names must be in verl's registries of this process, and reach verl's Ray workers.
+
+    The workers get them only through the `verl.plugins` entry point, which exists only when the project
+    is installed as a package: a checkout on PYTHONPATH imports here but registers nothing in the workers
+    (seen on a GPU node: "rl_factory is not supported" from verl's logger in the TaskRunner, after 4 minutes).
+    """
+    from importlib.metadata import entry_points
+
     from verl.trainer.ppo import core_algos
 
     from rl_factory.backends.verl import plugin
+
+    if not any(ep.value == PLUGIN_MODULE for ep in entry_points(group="verl.plugins")):
+        raise ConfigError("rl_factory is importable but not installed as a package, so verl's Ray workers will not "
+                          "load its verl.plugins entry point (estimators, losses, metrics logger): install it with "
+                          "`bash setup.sh --verl` or `pip install -e .` in this environment")
 
     if plugin.REGISTRATION_ERROR:
         raise ConfigError(f"rl_factory's verl plugin failed to register:\n{plugin.REGISTRATION_ERROR}")
