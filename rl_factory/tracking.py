@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,11 @@ class TensorboardLogger(LoggerBackend):
 
     def __init__(self, run_dir, config, resume_step, log_dir: str = "tensorboard"):
         super().__init__(run_dir, config, resume_step)
-        from torch.utils.tensorboard import SummaryWriter  # slow import; only when used
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # slow import; only when used
+        except ImportError as exc:  # torch's writer needs the tensorboard package
+            raise TrackingError(f"logger 'tensorboard' needs the tensorboard package: {_install_hint('tensorboard')}, "
+                                "or remove it from trainer.logger") from exc
 
         self.writer = SummaryWriter(str(run_dir / log_dir), purge_step=resume_step)
         if config is not None and resume_step is None:
@@ -145,8 +150,8 @@ class WandbLogger(LoggerBackend):
         try:
             import wandb
         except ImportError as exc:
-            raise TrackingError("logger 'wandb' needs the wandb package: `pip install wandb`, "
-                                "or remove 'wandb' from the loggers list") from exc
+            raise TrackingError(f"logger 'wandb' needs the wandb package: {_install_hint('wandb')}, "
+                                "or remove it from trainer.logger") from exc
         id_file = run_dir / "wandb_run_id"
         if resume_step is not None and id_file.exists():
             run_id = id_file.read_text().strip()
@@ -243,6 +248,13 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _install_hint(extra: str) -> str:
+    """The command that installs extra `extra` into the interpreter running this (a checkout or a wheel)."""
+    root = Path(__file__).resolve().parent.parent
+    target = f"'{root}[{extra}]'" if (root / "pyproject.toml").exists() else f"'rl_factory[{extra}]'"
+    return f"`{sys.executable} -m pip install {'-e ' if root.joinpath('pyproject.toml').exists() else ''}{target}`"
 
 
 def _fmt(value: Any) -> str:
