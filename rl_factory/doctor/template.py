@@ -11,7 +11,8 @@ the registered parser) on a conversation built from the run's real tool schemas:
 3. Is the token stream we train on what the template renders? A two-turn conversation (reasoning in
    a `<think>` block, a tool call, its result, a final answer) is rolled through the configured
    context policy exactly as a rollout appends ids, then compared with the template's rendering of
-   the same messages. Differences are listed and classified: thinking dropped from history,
+   the same messages (with `rollout.context=step`, each turn's sample with the template's generation
+   prompt for that turn). Differences are listed and classified: thinking dropped from history,
    whitespace, special tokens, or the same text tokenized differently.
 """
 from __future__ import annotations
@@ -43,11 +44,13 @@ def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
 def _example(spec: dict[str, Any]) -> Any:
     kind = spec.get("type")
     kind = kind[0] if isinstance(kind, list) and kind else kind
-    if "enum" in spec and spec["enum"]:
+    if spec.get("enum"):
         return spec["enum"][0]
-    return {"integer": 3, "number": 2.5, "boolean": True, "array": [_example(spec.get("items") or {})],
-            "object": {k: _example(v) for k, v in (spec.get("properties") or {}).items()},
-            "null": None}.get(kind, "2 + 3")
+    if kind == "array":
+        return [_example(spec.get("items") or {})]
+    if kind == "object":
+        return {k: _example(v) for k, v in (spec.get("properties") or {}).items()}
+    return {"integer": 3, "number": 2.5, "boolean": True, "null": None}.get(kind, "2 + 3")
 
 
 def tool_calls_message(tools: list[dict[str, Any]], content: str = "") -> dict[str, Any]:
@@ -100,12 +103,14 @@ def check_parser_round_trip(fmt: ChatFormat, tools: list[dict], parser_name: str
 
 
 def _parse(parser, text: str) -> list[tuple[str, Any]]:
+    """(name, arguments) per call; a call the parser could not read is (None, its error)."""
     _, calls = parser.parse(text)
-    return [(c.name, c.arguments) for c in calls]
+    return [(c.name, c.arguments) if c.error is None else (None, c.error) for c in calls]
 
 
 def _show(calls: list[tuple[str, Any]]) -> str:
-    return "no call" if not calls else "; ".join(f"{n}({json.dumps(a)})" for n, a in calls)[:120]
+    shown = [f"a malformed call ({a})" if n is None else f"{n}({json.dumps(a)})" for n, a in calls]
+    return "no call" if not calls else "; ".join(shown)[:160]
 
 
 def _tag_is_special(fmt: ChatFormat) -> bool:
@@ -156,12 +161,17 @@ def check_token_stream(fmt: ChatFormat, messages: list[dict], context: str, **co
         if tools:
             history += tools
             ctx.add_observation(tools)
-    # append: one sequence, the last; step: one sample per turn, each against its own rendering
+    # append: one sequence, compared with the template's rendering of the whole conversation. step: one
+    # sample per turn, compared with what inference shows the model at that turn (the template's
+    # generation prompt for the history so far) followed by the turn as the template writes it.
     samples = streams[-1:] if context == "append" else streams
     for ids, msgs in samples:
-        text = fmt._render(msgs, tools=fmt.tools)
-        eos = fmt.tokenizer.eos_token  # a rollout's turn ends at eos; what the template writes after it is glue
-        rendered = fmt.encode(text[: text.rindex(eos) + len(eos)] if eos in text else text)
+        if context == "append":
+            text = fmt._render(msgs, tools=fmt.tools)
+            eos = fmt.tokenizer.eos_token  # a rollout's turn ends at eos; what the template writes after it is glue
+            rendered = fmt.encode(text[: text.rindex(eos) + len(eos)] if eos in text else text)
+        else:
+            rendered = fmt.prompt_ids(msgs[:-1]) + fmt.assistant_ids(msgs[-1])
         if ids != rendered:
             return Finding(False, _describe(fmt, ids, rendered), _token_fix(context))
     return Finding(True, f"rollout.context={context}: the {len(samples)} trained sequence(s) of a {len(streams)}-turn "
