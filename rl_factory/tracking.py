@@ -30,6 +30,8 @@ class TrackingError(ValueError):
 class LoggerBackend:
     """One destination for metrics. Subclasses take keyword options from the tracker config."""
 
+    requires: str | None = None  # the package it needs (an extra of rl_factory), checked up front
+
     def __init__(self, run_dir: Path, config: dict[str, Any] | None, resume_step: int | None):
         self.run_dir, self.config, self.resume_step = run_dir, config, resume_step
 
@@ -113,6 +115,8 @@ def truncate_metrics(path: Path, resume_step: int) -> int:
 class TensorboardLogger(LoggerBackend):
     """Scalars to run_dir/tensorboard; non-numeric metrics are skipped."""
 
+    requires = "tensorboard"
+
     def __init__(self, run_dir, config, resume_step, log_dir: str = "tensorboard"):
         super().__init__(run_dir, config, resume_step)
         try:
@@ -144,6 +148,8 @@ class WandbLogger(LoggerBackend):
     wandb run instead of starting a second one.
     """
 
+    requires = "wandb"
+
     def __init__(self, run_dir, config, resume_step, project: str = "rl_factory",
                  name: str | None = None, mode: str | None = None, **init_kwargs: Any):
         super().__init__(run_dir, config, resume_step)
@@ -173,6 +179,32 @@ class WandbLogger(LoggerBackend):
         self.run.finish()
 
 
+def check_loggers(loggers: list[str]) -> list[str]:
+    """The logger names, deduplicated; raises TrackingError for an unknown one or a missing package.
+
+    Cheap (no import of the packages): the trainer calls it before writing into the run directory.
+    """
+    names = list(dict.fromkeys(loggers))  # dedupe, keep order
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown:
+        raise TrackingError(f"unknown logger(s) {unknown}; valid: {sorted(LOGGERS)}")
+    for name in names:
+        package = LOGGERS[name].requires
+        if package is not None and not _importable(package):
+            raise TrackingError(f"logger {name!r} needs the {package} package: {_install_hint(package)}, "
+                                "or remove it from trainer.logger")
+    return names
+
+
+def _importable(package: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a package set to None in sys.modules, or a broken install
+        return False
+
+
 class Tracker:
     """Sends each step's metrics to every configured backend.
 
@@ -187,10 +219,7 @@ class Tracker:
     def __init__(self, run_dir: str | Path, loggers: list[str],
                  config: dict[str, Any] | None = None, resume_step: int | None = None,
                  options: dict[str, dict[str, Any]] | None = None):
-        names = list(dict.fromkeys(loggers))  # dedupe, keep order
-        unknown = [n for n in names if n not in LOGGERS]
-        if unknown:
-            raise TrackingError(f"unknown logger(s) {unknown}; valid: {sorted(LOGGERS)}")
+        names = check_loggers(loggers)
         options = options or {}
         stray = sorted(set(options) - set(names))
         if stray:

@@ -36,7 +36,7 @@ from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
-from rl_factory.tracking import Tracker
+from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
 from rewards.combine import build_reward
 from rewards.process import ProcessReward
@@ -93,6 +93,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
     tools = open_env(env_cfg, log_dir=run.path / "tool_logs")  # parses the manifest; starts nothing
+    check_loggers(t_cfg.logger)  # a logger whose package is missing: one line, before any write
     run.start(cfg, resumed=resume_from is not None)  # the first write into the run directory
 
     async with tools as env, arena or contextlib.nullcontext():
