@@ -115,7 +115,7 @@ class RunDir:
         _write_atomic(self.path / "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
         for note in self._notes:
             log.info(note)
-        log.info("%s run %s in %s", "resuming" if resumed else "starting", self.run_id, self.path)
+        log.info("%s run in %s (run id %s)", "resuming" if resumed else "starting", self.path, self.run_id)
         if self._forced_diff:
             log.warning("trainer.resume=force: continuing with a changed config (%s)", self._forced_diff)
 

@@ -224,6 +224,17 @@ def test_eval_reports_pass_at_k_failures_and_a_comparison(first_run):
     assert len(evals) == 1 and evals[0]["compare"][0][0] == "accuracy"
 
 
+def test_a_long_eval_shows_a_progress_bar_on_a_terminal(first_run):
+    from tests.fakes.terminal import run_in_terminal
+
+    ckpt = first_run["run"] / "checkpoints" / "step_000002"
+    code, screen = run_in_terminal(["bash", "main_eval.sh", f"model.path={ckpt}", "eval.limit=3", "eval.n=2",
+                                    "eval.temperature=1.0", f"env.tools={first_run['manifest']}", "model.device=cpu",
+                                    f"eval.output_dir={first_run['tmp'] / 'eval_tty'}"], cwd=REPO, env=script_env())
+    assert code == 0, screen[-3000:]
+    assert re.search(r"eval: 100%\|.*\| 6/6 \[", screen), screen[-3000:]
+
+
 def test_rescore_with_the_runs_own_reward_reproduces_it_and_a_new_one_differs(first_run):
     run = first_run["run"]
     stored = [r for p in sorted((run / "rollouts").glob("*.jsonl")) for r in records(run, p.name)]

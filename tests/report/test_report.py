@@ -117,3 +117,12 @@ def test_cli_writes_the_file_and_refuses_a_directory_without_a_run(arena_run, tm
 def test_write_report_defaults_into_the_run_directory(arena_run):
     path = write_report(arena_run)
     assert path == arena_run / "report.html" and not list(arena_run.glob(".report.html.tmp"))
+
+
+def test_report_build_shows_a_progress_bar_on_a_terminal(arena_run, tmp_path):
+    from tests.fakes.terminal import run_in_terminal
+
+    code, screen = run_in_terminal([sys.executable, "-m", "rl_factory.report", str(arena_run), "-o",
+                                    str(tmp_path / "r.html")], cwd=tmp_path)
+    assert code == 0, screen
+    assert re.search(r"report: 100%\|.*\| 5/5 \[", screen), screen  # 3 training + 2 validation files
