@@ -199,6 +199,8 @@ def check_loggers(loggers: list[str]) -> list[str]:
 def _importable(package: str) -> bool:
     import importlib.util
 
+    if package in sys.modules:  # already imported (or set to None: blocked)
+        return sys.modules[package] is not None
     try:
         return importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):  # a package set to None in sys.modules, or a broken install
