@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_factory import analysis
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
 from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
-from rl_factory import analysis
 from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
+from rl_factory.tracking import json_safe
 from rewards.combine import build_reward
 
 log = logging.getLogger("rl_factory")
@@ -106,7 +107,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     if other is not None:
         result["compare"] = {"other": e.compare, **analysis.compare(rows_out, other["per_row"], e.bootstrap, int(cfg.seed))}
     # NaN (e.g. tool/success_rate without calls) is not JSON; write null, as metrics.jsonl does.
-    (out / "results.json").write_text(json.dumps(_finite(result), indent=2, default=str))
+    (out / "results.json").write_text(json.dumps(json_safe(result), indent=2, default=str))
     write_rollouts(out / "rollouts.jsonl", trajs)
     _print_summary(model_cfg.path, e, rows, result)
     log.info("results: %s", out / "results.json")
@@ -175,12 +176,3 @@ def _print_summary(model: str, e: EvalConfig, rows: list, result: dict) -> None:
 def _fmt(value) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
-
-def _finite(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

@@ -275,6 +275,15 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+def json_safe(value: Any) -> Any:
+    """A copy with NaN and infinities (not JSON) as null, as metrics.jsonl writes them; dicts and lists deep."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _json_value(value)
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -14,7 +14,6 @@ The embedded trainer writes `<run>/report.html` at every validation and at the e
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.fingerprint import flatten
+from rl_factory.tracking import json_safe
 from rl_factory.report.data import RunData, load_run
 from rl_factory.report.figures import build_figures
 from rl_factory.report.trajectories import DEFAULT_MAX_TRAJECTORIES, browser_records
@@ -148,20 +148,10 @@ def _page(title: str, data: dict[str, Any]) -> str:
 
     # "</script>" or "<!--" inside the data block would end or derail it: "<" only occurs inside JSON
     # strings, where the escape backslash-u003c means the same character.
-    payload = json.dumps(_finite(data), ensure_ascii=False, default=str, allow_nan=False).replace("<", "\\u003c")
+    payload = json.dumps(json_safe(data), ensure_ascii=False, default=str, allow_nan=False).replace("<", "\\u003c")
     escaped = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     values = {"TITLE": escaped, "CSS": _asset("report.css"), "DATA": payload, "JS": _asset("report.js"),
               "PLOTLY": get_plotlyjs()}
     # One pass over the template: inserted text (user data, plotly.js) is never scanned for placeholders.
     return re.sub(r"__(TITLE|CSS|DATA|JS|PLOTLY)__", lambda m: values[m.group(1)], _asset("report.html"))
 
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities (not JSON) become null, as in metrics.jsonl."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
