@@ -158,5 +158,6 @@ def test_doctor_flag_prints_the_table_and_sets_the_exit_code(script, tiny_model_
     assert good.returncode == 0, good.stdout + good.stderr
     assert "all checks passed" in good.stdout and "token stream" in good.stdout
     assert ("run directory" in good.stdout) == (script == "main_grpo.sh")
-    bad = run_script(script, "--doctor", f"model.path={tokenizer_dir(tiny_model_dir, tmp_path, XML_CALLS)}")
-    assert bad.returncode == 1 and "fix: set env.parser=qwen3_xml" in bad.stdout
+    if script == "main_grpo.sh":  # the failing path once (the checks themselves are tested above)
+        bad = run_script(script, "--doctor", f"model.path={tokenizer_dir(tiny_model_dir, tmp_path, XML_CALLS)}")
+        assert bad.returncode == 1 and "fix: set env.parser=qwen3_xml" in bad.stdout
