@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rl_factory.report.data import RunData, read_jsonl
+from rl_factory.report.data import RunData
 
 MAX_TEXT_CHARS = 4000
 DEFAULT_MAX_TRAJECTORIES = 3000
@@ -19,27 +19,40 @@ DEFAULT_MAX_TRAJECTORIES = 3000
 
 def browser_records(runs: list[RunData], max_trajectories: int = DEFAULT_MAX_TRAJECTORIES,
                     on_file: Callable[[], None] | None = None) -> tuple[list[dict], int]:
-    """(records for the page, how many trajectories the runs hold in all)."""
+    """(records for the page, how many trajectories the runs hold in all).
+
+    Lines are counted first and only the kept ones are parsed, so a long run's report stays quick.
+    """
     files = [(run, split, step, path) for run in runs for split, step, path in run.rollout_files]
-    per_file = [list(read_jsonl(path)) for *_, path in _progress(files, on_file)]
-    total = sum(len(rows) for rows in per_file)
-    kept_val = sum(len(rows) for (_, split, *_), rows in zip(files, per_file) if split != "train")
+    lines = []
+    for *_, path in files:
+        lines.append([line for line in path.read_bytes().splitlines() if line.strip()])
+        if on_file is not None:
+            on_file()
+    total = sum(len(f) for f in lines)
+    kept_val = sum(len(f) for (_, split, *_), f in zip(files, lines) if split != "train")
     train_files = sum(split == "train" for _, split, *_ in files)
     quota = max(1, (max_trajectories - kept_val) // max(1, train_files)) if total > max_trajectories else None
     records = []
-    for (run, split, step, _), rows in zip(files, per_file):
+    for (run, split, step, _), rows in zip(files, lines):
+        indices = range(len(rows))
         if quota is not None and split == "train" and len(rows) > quota:
-            stride = len(rows) / quota
-            rows = [rows[int(i * stride)] for i in range(quota)]
-        records += [_record(run.name, split, step, i, row) for i, row in enumerate(rows)]
+            indices = [int(i * len(rows) / quota) for i in range(quota)]
+        for i in indices:
+            row = _json_line(rows[i])
+            if row is not None:
+                records.append(_record(run.name, split, step, i, row))
     return records, total
 
 
-def _progress(items: list, on_file: Callable[[], None] | None):
-    for item in items:
-        yield item
-        if on_file is not None:
-            on_file()
+def _json_line(line: bytes) -> dict | None:
+    import json
+
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except ValueError:  # a torn last line of a killed run
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def _record(run: str, split: str, step: int, index: int, row: dict[str, Any]) -> dict[str, Any]:
