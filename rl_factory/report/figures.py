@@ -41,7 +41,7 @@ def _has_points(fig: dict) -> bool:
 def _layout(title: str, y: str = "", **extra: Any) -> dict:
     return {"title": {"text": title, "font": {"size": 14}}, "xaxis": {"title": {"text": "step"}, "tickformat": "d"},
             "yaxis": {"title": {"text": y}}, "margin": {"l": 55, "r": 15, "t": 40, "b": 90}, "height": 330,
-            "legend": {"orientation": "h", "y": -0.32, "yanchor": "top", "font": {"size": 10}},
+            "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "font": {"size": 10}},
             "hovermode": "x unified", **extra}
 
 

@@ -76,7 +76,7 @@
     return Object.keys(seen).sort();
   }
   options($("f-run"), D.runs.map(function (r) { return r.name; }));
-  if (D.runs.length < 2) $("l-run").style.display = "none";
+  if (D.runs.length < 2) { $("l-run").style.display = "none"; document.body.classList.add("single-run"); }
   options($("f-split"), uniq("split"));
   options($("f-stop"), uniq("stop"));
   options($("f-error"), uniq("errors"));
@@ -126,8 +126,8 @@
     body.textContent = "";
     shown.slice(0, LIST_LIMIT).forEach(function (t) {
       var errs = el("td", {text: t.errors.length ? t.errors.join(", ") : "", cls: t.errors.length ? "err" : ""});
-      var row = el("tr", {}, [t.run, t.split, t.step, t.id || t.sample, fmt(t.reward), fmt(t.advantage), t.stop, t.turns,
-        t.calls].map(function (c) { return el("td", {text: fmt(c)}); }).concat([errs]));
+      var cells = [t.run, t.split, t.step, t.id || t.sample, fmt(t.reward), fmt(t.advantage), t.stop, t.turns, t.calls];
+      var row = el("tr", {}, cells.map(function (c, k) { return el("td", {text: fmt(c), cls: k === 0 ? "c-run" : ""}); }).concat([errs]));
       if (t === selected) row.className = "selected";
       row.addEventListener("click", function () { selected = t; render(); });
       body.appendChild(row);
