@@ -105,7 +105,8 @@ async def _run_eval(cfg) -> dict[str, Any]:
               "by_data_source": analysis.by_data_source(records, threshold),
               "by_tool": analysis.by_tool(records, threshold), "per_row": rows_out}
     if other is not None:
-        result["compare"] = {"other": e.compare, **analysis.compare(rows_out, other["per_row"], e.bootstrap, int(cfg.seed))}
+        compared = analysis.compare(rows_out, other["per_row"], e.bootstrap, int(cfg.seed))
+        result["compare"] = {"other": e.compare, **compared}
     # NaN (e.g. tool/success_rate without calls) is not JSON; write null, as metrics.jsonl does.
     (out / "results.json").write_text(json.dumps(json_safe(result), indent=2, default=str))
     write_rollouts(out / "rollouts.jsonl", trajs)

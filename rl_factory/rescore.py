@@ -150,7 +150,8 @@ def _write(out: Path, items: list, trajs: list[Trajectory], old: list, reward_na
     for (split, step, _), traj, before in zip(items, trajs, old):
         groups.setdefault((split, step), []).append((before, traj.reward))
     per_step = [{"split": s, "step": st, "trajectories": len(v), "old_mean": _mean([a for a, _ in v]),
-                 "new_mean": _mean([b for _, b in v])} for (s, st), v in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0]))]
+                 "new_mean": _mean([b for _, b in v])}
+                for (s, st), v in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0]))]
     pairs = [(a, t.reward) for a, t in zip(old, trajs) if a is not None]
     summary = {"reward": reward_name, "trajectories": len(trajs), "old_mean": _mean(old),
                "new_mean": _mean([t.reward for t in trajs]),
@@ -201,7 +202,8 @@ def _print(summary: dict) -> None:
           f"correlation {fmt(summary['correlation'])}")
     print(f"{'split':<6} {'step':>6} {'n':>5} {'stored':>8} {'new':>8}")
     for row in summary["per_step"]:
-        print(f"{row['split']:<6} {row['step']:>6} {row['trajectories']:>5} {fmt(row['old_mean']):>8} {fmt(row['new_mean']):>8}")
+        print(f"{row['split']:<6} {row['step']:>6} {row['trajectories']:>5} {fmt(row['old_mean']):>8} "
+              f"{fmt(row['new_mean']):>8}")
     print(f"side-by-side table: {summary['table']}")
 
 

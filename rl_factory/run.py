@@ -81,7 +81,8 @@ class RunDir:
             return None
         record = _read_json(self.path / RUN_FILE)
         if record is None:  # a directory written before run.json existed: its config.yaml says enough
-            old = yaml.safe_load((self.path / "config.yaml").read_text()) if (self.path / "config.yaml").exists() else None
+            config = self.path / "config.yaml"
+            old = yaml.safe_load(config.read_text()) if config.exists() else None
             if not isinstance(old, dict):
                 return None
             record = {"run_id": None, "view": run_view(old)}

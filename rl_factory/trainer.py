@@ -258,8 +258,9 @@ def _resume(path: Path, policy, optimizer, scheduler, sampler) -> tuple[int, dic
     try:
         policy.model.load_state_dict(weights)
     except RuntimeError as exc:  # e.g. a built-in model rebuilt for other tool schemas: another vocabulary
-        raise ConfigError(f"checkpoint {path} does not fit the model of this config ({str(exc).splitlines()[-1].strip()}"
-                          "); did the tools or model.path change? Start a new run: trainer.resume=never") from None
+        why = str(exc).splitlines()[-1].strip()
+        raise ConfigError(f"checkpoint {path} does not fit the model of this config ({why}); did the tools or "
+                          "model.path change? Start a new run: trainer.resume=never") from None
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["sampler"])

@@ -104,7 +104,9 @@ def _text(content: Any) -> str:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + f" ...[{len(text) - MAX_TEXT_CHARS} more chars]"
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return text[:MAX_TEXT_CHARS] + f" ...[{len(text) - MAX_TEXT_CHARS} more chars]"
 
 
 def _json(value: Any) -> str:
