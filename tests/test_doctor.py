@@ -11,7 +11,7 @@ from rl_factory.doctor import FAIL, PASS, SKIP, run_doctor
 from rl_factory.models.tiny import CHAT_TEMPLATE
 from tests.e2e.test_main_scripts import run_script
 
-# Qwen3's behaviour: an earlier assistant turn is rendered without its <think> block.
+# As DeepSeek-R1-style templates do: an earlier assistant turn is rendered without its <think> block.
 DROPS_PAST_THINKING = CHAT_TEMPLATE.replace(
     "{%- for message in messages %}",
     "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'assistant' %}"
