@@ -114,6 +114,12 @@ def test_template_without_tools_and_a_prompt_that_does_not_fit(tiny_model_dir, t
     _, checks = doctor(*base(tiny_model_dir, tmp_path), "rollout.max_total_tokens=100", "rollout.max_response_tokens=64")
     fit = checks["tool schemas fit"]
     assert fit.status == FAIL and "leaves no room to generate" in fit.detail and "raise rollout.max_total_tokens" in fit.fix
+    # On verl the cap is verl's data.max_prompt_length (default 1024 from configs/verl.yaml)
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "trainer.backend=verl")
+    assert checks["tool schemas fit"].status == PASS and "of 1024 tokens (data.max_prompt_length)" in \
+        checks["tool schemas fit"].detail
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "trainer.backend=verl", "data.max_prompt_length=40")
+    assert checks["tool schemas fit"].status == FAIL and "data.max_prompt_length=40" in checks["tool schemas fit"].detail
 
 
 def test_whitespace_drift_between_history_and_generation(tiny_model_dir, tmp_path):

@@ -74,6 +74,8 @@ async def run_directory(doc) -> str:
     from rl_factory.run import RunDir
 
     t = doc.state["trainer"]
+    if t.backend != "embedded":
+        return f"{t.output_dir}: {t.backend} keeps its own checkpoints and resume state (not checked here)"
     run = RunDir(Path(t.output_dir))
     try:
         point = run.resume_point(doc.state["cfg"], t.resume, t.total_steps)  # reads only
@@ -184,12 +186,23 @@ async def chat_template(doc) -> str:
 
 @check("tool schemas fit", needs=("fmt", "all_rows", "rollout"))
 async def tool_schemas(doc) -> str:
-    r = doc.state["rollout"]
     prompts = [row["messages"] for row in doc.state["all_rows"][:PROMPT_ROWS]]
-    finding = template.check_tools_render(doc.state["fmt"], doc.state["tools"], prompts,
-                                          r.max_total_tokens - r.max_response_tokens,
-                                          "rollout.max_total_tokens - rollout.max_response_tokens")
-    return _finding(finding)
+    budget, key = _prompt_budget(doc)
+    return _finding(template.check_tools_render(doc.state["fmt"], doc.state["tools"], prompts, budget, key))
+
+
+def _prompt_budget(doc) -> tuple[int, str]:
+    """verl caps prompts at its data.max_prompt_length; the embedded trainer leaves a turn's room in the total."""
+    if doc.mode == "train" and doc.state["cfg"].trainer.backend == "verl":
+        from omegaconf import OmegaConf
+
+        from rl_factory.config import CONFIG_DIR
+
+        given = [o.split("=", 1)[1] for o in doc.overrides if o.lstrip("+").startswith("data.max_prompt_length=")]
+        default = OmegaConf.load(CONFIG_DIR / "verl.yaml").data.max_prompt_length
+        return int(given[-1]) if given else int(default), "data.max_prompt_length"
+    r = doc.state["rollout"]
+    return r.max_total_tokens - r.max_response_tokens, "rollout.max_total_tokens - rollout.max_response_tokens"
 
 
 @check("parser round-trip", needs=("fmt", "env_cfg"))
