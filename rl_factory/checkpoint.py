@@ -26,6 +26,12 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint directory holds (from its name, else its trainer state)."""
+    match = STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else int(load_trainer_state(Path(path))["step"])
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     root = run_dir / "checkpoints"
     if not root.is_dir():

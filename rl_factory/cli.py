@@ -1,9 +1,10 @@
 """Entry points behind main_grpo.sh and main_eval.sh.
 
 `python -m rl_factory.cli train key=value ...` and `python -m rl_factory.cli eval key=value ...`
-compose the Hydra config and run. Mistakes a user can make (a misspelled key, a missing file, a
-bad manifest, a reward that raises) end with exit code 2 and one line naming the problem; a
-traceback is printed only for what looks like a bug (set RL_FACTORY_DEBUG=1 to always see it).
+compose the Hydra config and run; `--doctor` checks the setup instead (rl_factory/doctor).
+Mistakes a user can make (a misspelled key, a missing file, a bad manifest, a reward that raises)
+end with exit code 2 and one line naming the problem; a traceback is printed only for what looks
+like a bug (set RL_FACTORY_DEBUG=1 to always see it).
 """
 from __future__ import annotations
 
@@ -89,6 +90,17 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _doctor(overrides: list[str], command: str) -> int:
+    """`--doctor`: check the setup without training; the table on stdout, exit 0 only if all pass."""
+    import asyncio
+
+    from rl_factory.doctor import run_doctor
+
+    report = asyncio.run(run_doctor(overrides, mode=command))
+    print(report.table())
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("train", "eval"):
@@ -100,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging()
     _quiet_transformers()
+    if "--doctor" in overrides:
+        return _doctor([o for o in overrides if o != "--doctor"], command)
     try:
         print_only, overrides = _cfg_flag(overrides)
         if command == "train":

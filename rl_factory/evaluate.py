@@ -49,9 +49,10 @@ def summarize_records(records: list[dict[str, Any]], success_threshold: float = 
 
 
 async def evaluate(agent: Agent, reward_fn, rows: list[dict], params: SamplingParams,
-                   success_threshold: float = 1.0, n: int = 1) -> tuple[dict[str, float], list[Trajectory]]:
-    """Roll out every row `n` times with `params`, score, and summarize."""
-    groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params)
+                   success_threshold: float = 1.0, n: int = 1,
+                   on_done=None) -> tuple[dict[str, float], list[Trajectory]]:
+    """Roll out every row `n` times with `params`, score, and summarize (`on_done(traj)`: progress)."""
+    groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params, on_done=on_done)
     trajs = [t for g in groups for t in g.trajectories]
     reward_stats = await score_trajectories(reward_fn, trajs, tools=agent.env)  # rewards may verify by tool
     return {**summarize(trajs, success_threshold), **reward_stats}, trajs
@@ -61,6 +62,8 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
     """One line of a rollouts file: what a person needs to read and debug a trajectory."""
     return {
         "sample_index": traj.sample_index,
+        "id": traj.sample.get("id"),
+        "data_source": traj.sample.get("data_source"),
         "messages": traj.messages,
         "answer": traj.sample.get("answer"),
         "reward": traj.reward,
@@ -69,6 +72,7 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "process_rewards": traj.process_rewards,
         "stop_reason": traj.stop_reason,
         "num_turns": len(traj.turns),
+        "turn_texts": [t.text for t in traj.turns],  # as decoded, call markup included (for re-scoring)
         "tool_calls": [{"name": c.name, "arguments": c.arguments, "error": c.error} for c in traj.tool_calls],
         "tool_results": [{"name": r.call.name, "text": r.text, "error_kind": r.error_kind,
                           "latency_s": round(r.latency_s, 4)} for r in traj.tool_results],

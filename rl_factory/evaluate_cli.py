@@ -5,17 +5,20 @@ import asyncio
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_factory import analysis
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
 from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
-from rl_factory.evaluate import evaluate, write_rollouts
+from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
+from rl_factory.tracking import json_safe
 from rewards.combine import build_reward
 
 log = logging.getLogger("rl_factory")
@@ -36,6 +39,9 @@ class EvalConfig:
     base_url: str | None = None
     served_model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
+    compare: str | None = None
+    bootstrap: int = 2000
+    progress: bool = True
 
 
 def _embedded(e: EvalConfig, model_cfg: ModelConfig, tools: list[dict], seed: int):
@@ -75,26 +81,99 @@ async def _run_eval(cfg) -> dict[str, Any]:
     roll_cfg = section(cfg, "rollout", SamplingConfig)
     reward_fn = build_reward(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
+    other = _load_compare(e.compare)  # a bad eval.compare fails before any rollout
     out = _output_dir(e, model_cfg.path)
     async with open_env(env_cfg, log_dir=out / "tool_logs") as env:
         if e.engine not in EVAL_ENGINES:
             raise ConfigError(f"eval.engine: unknown engine {e.engine!r} (valid: {', '.join(EVAL_ENGINES)})")
-        policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, await env.list_tools(), int(cfg.seed))
+        tools = await env.list_tools()
+        policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, tools, int(cfg.seed))
         agent = build_agent(policy, env, env_cfg, roll_cfg, engine=engine)
         async with closing_engine(agent):
             params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens)
-            metrics, trajs = await evaluate(agent, reward_fn, rows, params, reward_cfg.success_threshold, n=e.n)
+            with _progress(len(rows) * e.n, e.progress) as bar:
+                metrics, trajs = await evaluate(agent, reward_fn, rows, params, reward_cfg.success_threshold, n=e.n,
+                                                on_done=bar)
     out.mkdir(parents=True, exist_ok=True)
-    # NaN (e.g. tool/success_rate without calls) is not JSON; write null, as metrics.jsonl does.
-    finite = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+    records = [trajectory_record(t) for t in trajs]
+    threshold = reward_cfg.success_threshold
+    rows_out = analysis.per_row(records, threshold)
     result = {"model": model_cfg.path, "resolved_model": policy.path, "files": e.files, "rows": len(rows),
-              "n": e.n, "temperature": e.temperature, "metrics": finite}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+              "n": e.n, "temperature": e.temperature, "metrics": metrics,
+              "pass_at_k": analysis.pass_at_k(records, threshold),
+              "failures": analysis.failure_taxonomy(records, threshold, has_tools=bool(tools)),
+              "by_data_source": analysis.by_data_source(records, threshold),
+              "by_tool": analysis.by_tool(records, threshold), "per_row": rows_out}
+    if other is not None:
+        compared = analysis.compare(rows_out, other["per_row"], e.bootstrap, int(cfg.seed))
+        result["compare"] = {"other": e.compare, **compared}
+    # NaN (e.g. tool/success_rate without calls) is not JSON; write null, as metrics.jsonl does.
+    (out / "results.json").write_text(json.dumps(json_safe(result), indent=2, default=str))
     write_rollouts(out / "rollouts.jsonl", trajs)
-    log.info("evaluated %s on %d rows (%s)", model_cfg.path, len(rows), "greedy" if e.temperature == 0 else
-             f"temperature {e.temperature}, n={e.n}")
-    for key in REPORTED:
-        value = metrics.get(key, float("nan"))
-        log.info("  %-18s %s", key, "n/a" if math.isnan(value) else f"{value:.3f}")
+    _print_summary(model_cfg.path, e, rows, result)
     log.info("results: %s", out / "results.json")
     return result
+
+
+def _load_compare(path: str | None) -> dict | None:
+    if not path:
+        return None
+    try:
+        other = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"eval.compare: cannot read {path}: {exc}") from None
+    if not isinstance(other, dict) or not isinstance(other.get("per_row"), list):
+        raise ConfigError(f"eval.compare: {path} has no per_row results (is it a results.json of main_eval.sh?)")
+    return other
+
+
+class _progress:
+    """A bar over trajectories on a terminal; a callable `on_done(traj)` either way."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="eval", unit="traj", dynamic_ncols=True)
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, traj) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _print_summary(model: str, e: EvalConfig, rows: list, result: dict) -> None:
+    log.info("evaluated %s on %d rows (%s)", model, len(rows), "greedy" if e.temperature == 0 else
+             f"temperature {e.temperature}, n={e.n}")
+    metrics = result["metrics"]
+    for key in REPORTED:
+        log.info("  %-18s %s", key, _fmt(metrics.get(key)))
+    if e.n > 1:
+        log.info("  %-18s %s", "pass@k", "  ".join(f"@{k} {v:.3f}" for k, v in result["pass_at_k"].items()))
+    if result["failures"]:
+        log.info("failures (share of all trajectories, example rows):")
+        for kind, f in result["failures"].items():
+            log.info("  %-16s %4d  %5.1f%%  %s", kind, f["count"], 100 * f["share"], ", ".join(f["examples"]))
+    sources = result["by_data_source"]
+    if len(sources) > 1:
+        log.info("per data_source (rows, accuracy, reward):")
+        for name, s in sources.items():
+            log.info("  %-20s %4d  %.3f  %.3f", name, s["rows"], s["accuracy"], s["reward/mean"])
+    if "compare" in result:
+        c = result["compare"]
+        log.info("compared with %s (%s rows, %d bootstrap resamples; this - other, 95%% CI):", e.compare,
+                 "paired" if c["paired"] else "unpaired", c["resamples"])
+        for name, d in c["metrics"].items():
+            log.info("  %-12s %+.3f  [%+.3f, %+.3f]%s", name, d["difference"], d["ci_low"], d["ci_high"],
+                     "  significant" if d["significant"] else "")
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from rl_factory.hub import check_hub_model
 from rl_factory.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
@@ -120,6 +121,7 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     path = resolve_model_path(cfg.path, tools, seed, log=log)
+    check_hub_model(path)  # a hub id with no network: one line now, not a minute of retries
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
     if local and not Path(path).expanduser().is_dir():
         raise ValueError(f"model.path: local directory {path} does not exist")
@@ -166,6 +168,7 @@ def load_tokenizer_only(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=
     from transformers import AutoTokenizer
 
     path = resolve_model_path(cfg.path, tools, seed, log=log)
+    check_hub_model(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as exc:

@@ -4,10 +4,13 @@ Layout (DESIGN §5): config.yaml, metrics.jsonl, rollouts/, checkpoints/step_NNN
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +18,117 @@ import yaml
 
 from rl_factory import checkpoint as ckpt
 from rl_factory.config import ConfigError, redacted
+from rl_factory.fingerprint import describe_diff, fingerprint, run_view
 
 log = logging.getLogger("rl_factory")
+RUN_FILE = "run.json"
+# auto: continue this run if the directory holds it | never: a new run (in a fresh directory if this one
+# holds another) | force: continue the directory's run even with a changed config | or a checkpoint dir.
+RESUME_MODES = ("auto", "never", "force")
 
 
 class RunDir:
-    """Owns `trainer.output_dir`: creates it, writes config.yaml and train.log, finds resume points."""
+    """Owns `trainer.output_dir`: which run it belongs to, resume points, config.yaml and train.log.
+
+    Reading comes first and writes nothing: `resume_point` checks the directory's `run.json` (run id
+    and config fingerprint, rl_factory/fingerprint.py) against this config and finds the checkpoint
+    to continue from. `start` is the first write, called once the config has passed its checks.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.config: dict = {}
+        self.run_id = uuid.uuid4().hex[:12]
+        self.finished_step: int | None = None  # set when the checkpoint is at or past total_steps
         self.t0 = time.time()
+        self._view: dict = {}
+        self._forced_diff = ""
+        self._notes: list[str] = []  # said once logging goes to this run's train.log
 
-    def resume_point(self, resume: str) -> Path | None:
-        if resume in ("never", "false", "False", None):
+    def resume_point(self, cfg, resume: str, total_steps: int | None = None) -> Path | None:
+        """The checkpoint to resume from (None: a fresh run), after checking the directory is this run's.
+
+        Raises:
+            ConfigError: the directory holds another run (one line: what differs, and the choices), or
+                `resume` names no checkpoint.
+        """
+        self.config = redacted(cfg)
+        self._view = run_view(self.config)
+        resume = "never" if str(resume) in ("false", "False", "None") else str(resume)
+        if resume not in RESUME_MODES and not (Path(resume) / ckpt.STATE_FILE).exists():
+            raise ConfigError(f"trainer.resume: {resume} is neither one of {', '.join(RESUME_MODES)} nor a "
+                              f"checkpoint directory (no {ckpt.STATE_FILE})")
+        previous = self._previous_run()
+        if previous is not None and resume == "never":
+            self.path = _fresh_sibling(self.path)  # a new run never overwrites one that has results
+            self._notes.append(f"trainer.resume=never: {previous['dir']} holds a run; starting in {self.path}")
+            previous = None
+        if previous is not None:
+            diff = describe_diff(previous["view"], self._view)
+            if diff and resume != "force":
+                raise ConfigError(self._refusal(previous, diff))
+            self.run_id, self._forced_diff = previous["run_id"] or self.run_id, diff
+        if resume == "never":
             return None
-        if resume == "auto":
-            return ckpt.latest_checkpoint(self.path)
-        path = Path(resume)
-        if not (path / ckpt.STATE_FILE).exists():
-            raise ConfigError(f"trainer.resume: {resume} is not a checkpoint directory (no {ckpt.STATE_FILE})")
-        return path
+        point = ckpt.latest_checkpoint(self.path) if resume in ("auto", "force") else Path(resume)
+        if point is not None and total_steps is not None and ckpt.checkpoint_step(point) >= total_steps:
+            self.finished_step = ckpt.checkpoint_step(point)
+        return point
+
+    def _previous_run(self) -> dict | None:
+        """The run this directory holds, if it has results (a checkpoint or logged steps) to protect."""
+        if not _has_results(self.path):
+            return None
+        record = _read_json(self.path / RUN_FILE)
+        if record is None:  # a directory written before run.json existed: its config.yaml says enough
+            config = self.path / "config.yaml"
+            old = yaml.safe_load(config.read_text()) if config.exists() else None
+            if not isinstance(old, dict):
+                return None
+            record = {"run_id": None, "view": run_view(old)}
+        latest = ckpt.latest_checkpoint(self.path)
+        return {"dir": self.path, "run_id": record.get("run_id"), "view": record.get("view", {}),
+                "step": ckpt.checkpoint_step(latest) if latest else None}
+
+    def _refusal(self, previous: dict, diff: str) -> str:
+        what = f"run {previous['run_id']}" if previous["run_id"] else "a run"
+        at = f", checkpoint at step {previous['step']}" if previous["step"] else ""
+        return (f"{self.path} holds {what}{at} with another config ({diff}); to keep it, pick a new "
+                f"experiment_name=... or trainer.resume=never (starts in {_fresh_sibling(self.path)}); to "
+                f"continue it with these settings, trainer.resume=force")
+
+    def nothing_to_do(self, total_steps: int) -> dict[str, Any]:
+        """The closing line of a run whose checkpoint already reached `trainer.total_steps`."""
+        step = self.finished_step
+        past = "finished" if step == total_steps else f"past trainer.total_steps={total_steps}: it finished"
+        log.info("nothing to train: the run in %s is %s at step %d; raise trainer.total_steps above %d to "
+                 "train further (the report is %s)", self.path, past, step, step, self.path / "report.html")
+        return {"steps": step, "run_dir": str(self.path), "nothing_to_do": True}
 
     def start(self, cfg, resumed: bool) -> None:
+        """The first write into the run directory: run.json, config.yaml and train.log."""
         self.path.mkdir(parents=True, exist_ok=True)
         setup_logging(self.path / "train.log")
         self.config = redacted(cfg)
-        (self.path / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
-        log.info("%s run in %s", "resuming" if resumed else "starting", self.path)
+        record = {"run_id": self.run_id, "fingerprint": fingerprint(self._view or run_view(self.config)),
+                  "view": self._view or run_view(self.config)}
+        _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
+        _write_atomic(self.path / "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
+        for note in self._notes:
+            log.info(note)
+        log.info("%s run in %s (run id %s)", "resuming" if resumed else "starting", self.path, self.run_id)
+        if self._forced_diff:
+            log.warning("trainer.resume=force: continuing with a changed config (%s)", self._forced_diff)
+
+    def write_report(self, enabled: bool = True) -> None:
+        """(Re)write report.html; a report that fails is a warning, never the end of a run."""
+        if not enabled:
+            return
+        try:
+            from rl_factory.report import write_report
+            write_report(self.path)
+        except Exception as exc:  # the report is a view of the run, not part of it
+            log.warning("report.html not written: %s: %s", type(exc).__name__, exc)
 
     def finish(self, history: dict[str, Any], step: int) -> dict[str, Any]:
         first, last = history.get("first_val", {}), history.get("last_val", {})
@@ -61,12 +147,39 @@ class RunDir:
             f"  val accuracy:       {_f(summary['val_accuracy_before'])} -> {_f(summary['val_accuracy_after'])}",
             f"  val tool-call rate: {_f(summary['val_tool_call_rate_before'])} -> "
             f"{_f(summary['val_tool_call_rate_after'])}",
-            f"  run directory:      {self.path}  (metrics.jsonl, rollouts/, train.log)",
+            f"  run directory:      {self.path}  (report.html, metrics.jsonl, rollouts/, train.log)",
             f"  last checkpoint:    {summary['checkpoint']}",
         ]
         for line in lines:
             log.info(line)
         return summary
+
+
+def _has_results(path: Path) -> bool:
+    metrics = path / "metrics.jsonl"
+    return ckpt.latest_checkpoint(path) is not None or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
+def _fresh_sibling(path: Path) -> Path:
+    """`outputs/x-2`, `outputs/x-3`, ...: the first that holds no run."""
+    n = 2
+    while _has_results(path.with_name(f"{path.name}-{n}")):
+        n += 1
+    return path.with_name(f"{path.name}-{n}")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _f(value: Any) -> str:

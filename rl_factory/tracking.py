@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ class TrackingError(ValueError):
 
 class LoggerBackend:
     """One destination for metrics. Subclasses take keyword options from the tracker config."""
+
+    requires: str | None = None  # the package it needs (an extra of rl_factory), checked up front
 
     def __init__(self, run_dir: Path, config: dict[str, Any] | None, resume_step: int | None):
         self.run_dir, self.config, self.resume_step = run_dir, config, resume_step
@@ -112,9 +115,15 @@ def truncate_metrics(path: Path, resume_step: int) -> int:
 class TensorboardLogger(LoggerBackend):
     """Scalars to run_dir/tensorboard; non-numeric metrics are skipped."""
 
+    requires = "tensorboard"
+
     def __init__(self, run_dir, config, resume_step, log_dir: str = "tensorboard"):
         super().__init__(run_dir, config, resume_step)
-        from torch.utils.tensorboard import SummaryWriter  # slow import; only when used
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # slow import; only when used
+        except ImportError as exc:  # torch's writer needs the tensorboard package
+            raise TrackingError(f"logger 'tensorboard' needs the tensorboard package: {_install_hint('tensorboard')}, "
+                                "or remove it from trainer.logger") from exc
 
         self.writer = SummaryWriter(str(run_dir / log_dir), purge_step=resume_step)
         if config is not None and resume_step is None:
@@ -139,14 +148,16 @@ class WandbLogger(LoggerBackend):
     wandb run instead of starting a second one.
     """
 
+    requires = "wandb"
+
     def __init__(self, run_dir, config, resume_step, project: str = "rl_factory",
                  name: str | None = None, mode: str | None = None, **init_kwargs: Any):
         super().__init__(run_dir, config, resume_step)
         try:
             import wandb
         except ImportError as exc:
-            raise TrackingError("logger 'wandb' needs the wandb package: `pip install wandb`, "
-                                "or remove 'wandb' from the loggers list") from exc
+            raise TrackingError(f"logger 'wandb' needs the wandb package: {_install_hint('wandb')}, "
+                                "or remove it from trainer.logger") from exc
         id_file = run_dir / "wandb_run_id"
         if resume_step is not None and id_file.exists():
             run_id = id_file.read_text().strip()
@@ -168,6 +179,34 @@ class WandbLogger(LoggerBackend):
         self.run.finish()
 
 
+def check_loggers(loggers: list[str]) -> list[str]:
+    """The logger names, deduplicated; raises TrackingError for an unknown one or a missing package.
+
+    Cheap (no import of the packages): the trainer calls it before writing into the run directory.
+    """
+    names = list(dict.fromkeys(loggers))  # dedupe, keep order
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown:
+        raise TrackingError(f"unknown logger(s) {unknown}; valid: {sorted(LOGGERS)}")
+    for name in names:
+        package = LOGGERS[name].requires
+        if package is not None and not _importable(package):
+            raise TrackingError(f"logger {name!r} needs the {package} package: {_install_hint(package)}, "
+                                "or remove it from trainer.logger")
+    return names
+
+
+def _importable(package: str) -> bool:
+    import importlib.util
+
+    if package in sys.modules:  # already imported (or set to None: blocked)
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a package set to None in sys.modules, or a broken install
+        return False
+
+
 class Tracker:
     """Sends each step's metrics to every configured backend.
 
@@ -182,10 +221,7 @@ class Tracker:
     def __init__(self, run_dir: str | Path, loggers: list[str],
                  config: dict[str, Any] | None = None, resume_step: int | None = None,
                  options: dict[str, dict[str, Any]] | None = None):
-        names = list(dict.fromkeys(loggers))  # dedupe, keep order
-        unknown = [n for n in names if n not in LOGGERS]
-        if unknown:
-            raise TrackingError(f"unknown logger(s) {unknown}; valid: {sorted(LOGGERS)}")
+        names = check_loggers(loggers)
         options = options or {}
         stray = sorted(set(options) - set(names))
         if stray:
@@ -239,10 +275,26 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+def json_safe(value: Any) -> Any:
+    """A copy with NaN and infinities (not JSON) as null, as metrics.jsonl writes them; dicts and lists deep."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _json_value(value)
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _install_hint(extra: str) -> str:
+    """The command that installs extra `extra` into the interpreter running this (a checkout or a wheel)."""
+    root = Path(__file__).resolve().parent.parent
+    target = f"'{root}[{extra}]'" if (root / "pyproject.toml").exists() else f"'rl_factory[{extra}]'"
+    return f"`{sys.executable} -m pip install {'-e ' if root.joinpath('pyproject.toml').exists() else ''}{target}`"
 
 
 def _fmt(value: Any) -> str:

@@ -37,7 +37,7 @@ from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.lora import is_lora, load_adapter
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
-from rl_factory.tracking import Tracker
+from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
 from rewards.combine import build_reward
 from rewards.process import ProcessReward
@@ -60,6 +60,7 @@ class TrainerConfig:
     resume: str = "auto"
     save_rollouts: bool = True
     progress: bool = True
+    report: bool = True
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -73,9 +74,12 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
     roll_cfg, alg = section(cfg, "rollout", SamplingConfig), section(cfg, "algorithm", AlgorithmConfig)
     optim_cfg, seed = section(cfg, "optim", OptimConfig), int(cfg.seed)
+    # The run directory is read first (is it this run's? where to resume?) and written only after the
+    # checks below: a refused or mistyped config leaves a finished run's files untouched.
     run = RunDir(Path(t_cfg.output_dir))
-    resume_from = run.resume_point(t_cfg.resume)
-    run.start(cfg, resumed=resume_from is not None)
+    resume_from = run.resume_point(cfg, t_cfg.resume, t_cfg.total_steps)
+    if run.finished_step is not None:  # trainer.total_steps at or below the checkpoint's step
+        return run.nothing_to_do(t_cfg.total_steps)
     _seed_everything(seed)
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
@@ -89,8 +93,11 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
+    tools = open_env(env_cfg, log_dir=run.path / "tool_logs")  # parses the manifest; starts nothing
+    check_loggers(t_cfg.logger)  # a logger whose package is missing: one line, before any write
+    run.start(cfg, resumed=resume_from is not None)  # the first write into the run directory
 
-    async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env, arena or contextlib.nullcontext():
+    async with tools as env, arena or contextlib.nullcontext():
         # Servers start here, not on entering: a task without tools starts none.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
         if policy.device.type == "cuda":
@@ -127,6 +134,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             if step == 0:  # the "before" of the closing summary
                 history["first_val"] = await validate(0)
                 tracker.log(history["first_val"], step=0)
+                run.write_report(t_cfg.report)
             progress = StepProgress(t_cfg.total_steps, start=step, enabled=t_cfg.progress)
             while step < t_cfg.total_steps:
                 step += 1
@@ -181,6 +189,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 metrics["timing/step_s"] = time.perf_counter() - t0
                 tracker.log(metrics, step=step)
                 progress.update(step, metrics)
+                if "val/accuracy" in metrics:  # report.html: at every validation and the end
+                    run.write_report(t_cfg.report)
                 if last or (t_cfg.save_every and step % t_cfg.save_every == 0):
                     ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
@@ -248,10 +258,15 @@ def _resume(path: Path, policy, optimizer, scheduler, sampler) -> tuple[int, dic
     from transformers import AutoModelForCausalLM
 
     state = ckpt.load_trainer_state(path)
-    if is_lora(policy.model):  # the base is model.path's, unchanged: only the adapter comes back
-        load_adapter(policy.model, path)
-    else:
-        policy.model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
+    try:
+        if is_lora(policy.model):  # the base is model.path's, unchanged: only the adapter comes back
+            load_adapter(policy.model, path)
+        else:
+            policy.model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
+    except (RuntimeError, ValueError) as exc:  # e.g. a built-in model rebuilt for other tool schemas: another vocabulary
+        why = str(exc).splitlines()[-1].strip()
+        raise ConfigError(f"checkpoint {path} does not fit the model of this config ({why}); did the tools or "
+                          "model.path change? Start a new run: trainer.resume=never") from None
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["sampler"])

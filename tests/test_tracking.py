@@ -56,7 +56,7 @@ def test_unknown_logger_and_stray_options(tmp_path):
 
 def test_wandb_missing_gives_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(TrackingError, match="pip install wandb"):
+    with pytest.raises(TrackingError, match=r"needs the wandb package: `.*pip install .*\[wandb\]'`, or remove it"):
         Tracker(tmp_path, ["wandb"])
 
 

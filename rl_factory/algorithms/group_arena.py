@@ -2,9 +2,9 @@
 
 `GroupArena` is built from `algorithm.arena` (`ArenaConfig`): it checks the names up front, builds the
 judge (`rewards.judge`), and each step turns the groups' trajectories into judge candidates, plays all
-groups' tournaments concurrently, appends the rankings to `rankings.csv` in the run directory and
-returns the per-trajectory tournament scores (which the `arena` estimator z-scores within each group)
-with the step's `arena/*` metrics:
+groups' tournaments concurrently, appends the rankings to `rankings.csv` (and every match to
+`matches.csv`) in the run directory and returns the per-trajectory tournament scores (which the
+`arena` estimator z-scores within each group) with the step's `arena/*` metrics:
 
 - `arena/judge_calls`: matches judged (a model judge makes two requests per match, both orders);
 - `arena/ties`: matches judged exactly even; `arena/judge_failures`: judge calls that failed after their
@@ -34,6 +34,9 @@ from rewards.loader import prompt_text
 ANCHORS = ("first", "greedy", "reference")
 RANKINGS_FILE = "rankings.csv"
 RANKINGS_COLUMNS = ["step", "group", "prompt", "rollout", "matches", "wins", "losses", "rank", "score"]
+# Every judged match between two rollouts (P(a beats b)); the report's win matrix reads it.
+MATCHES_FILE = "matches.csv"
+MATCHES_COLUMNS = ["step", "group", "prompt", "a", "b", "score"]
 
 
 @dataclass
@@ -69,6 +72,7 @@ class GroupArena:
         self.cfg = cfg
         self.judge = build_judge(cfg.judge, reward_fn)
         self.rankings: Path | None = None
+        self.matches: Path | None = None
         self._judge_stats = dict(getattr(self.judge, "stats", {}))
 
     @property
@@ -76,16 +80,17 @@ class GroupArena:
         return self.cfg.anchor == "greedy" and self.cfg.topology in ("anchor", "single_elimination")
 
     def start(self, run_dir: Path, resume_step: int = 0) -> None:
-        """Write rankings to run_dir/rankings.csv; a resumed run drops the rows of steps >= resume_step."""
-        self.rankings = run_dir / RANKINGS_FILE
-        kept = []
-        if resume_step and self.rankings.exists():
-            with self.rankings.open(newline="") as f:
-                kept = [row for row in csv.DictReader(f) if int(row["step"]) < resume_step]
-        with self.rankings.open("w", newline="") as f:
-            writer = csv.DictWriter(f, RANKINGS_COLUMNS)
-            writer.writeheader()
-            writer.writerows(kept)
+        """Write rankings.csv and matches.csv in run_dir; a resumed run drops the rows of steps >= resume_step."""
+        self.rankings, self.matches = run_dir / RANKINGS_FILE, run_dir / MATCHES_FILE
+        for path, columns in ((self.rankings, RANKINGS_COLUMNS), (self.matches, MATCHES_COLUMNS)):
+            kept = []
+            if resume_step and path.exists():
+                with path.open(newline="") as f:
+                    kept = [row for row in csv.DictReader(f) if int(row["step"]) < resume_step]
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, columns)
+                writer.writeheader()
+                writer.writerows(kept)
 
     async def score_groups(self, groups: list[Group], step: int, anchors: list[Group] | None = None
                            ) -> tuple[list[float], dict[str, float]]:
@@ -134,6 +139,11 @@ class GroupArena:
                     record = result.record(i)
                     writer.writerow([step, gi, group.sample_index, i, record["matches"], record["wins"],
                                      record["losses"], result.ranks[i], round(result.scores[i], 6)])
+        with self.matches.open("a", newline="") as f:
+            writer = csv.writer(f)
+            for gi, (group, result) in enumerate(zip(groups, results)):
+                writer.writerows([step, gi, group.sample_index, m.a, m.b, round(m.score, 6)]
+                                 for m in result.matches if m.b is not None and not m.failed)
 
     def _metrics(self, groups: list[Group], results: list[TournamentResult]) -> dict[str, float]:
         metrics = {

@@ -105,17 +105,35 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
     return fast
 
 
-def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print, device: str = "cpu") -> None:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def _tokenizer_and_transcripts(tools: list[dict], cfg: TinyModelConfig):
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     ws = cfg.warmstart
     mechanics = transcript_texts(ws, cfg.tool_name, cfg.tool_argument, tool_share=1.0)
     decision = transcript_texts(ws, cfg.tool_name, cfg.tool_argument, tool_share=ws.tool_share)
     corpus, _ = render_jinja_template(mechanics + decision, tools=tools or None, chat_template=CHAT_TEMPLATE)
-    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+    return build_tokenizer(corpus, cfg.vocab_size), mechanics, decision
+
+
+def tiny_tokenizer(tools: list[dict], cfg: TinyModelConfig | None = None):
+    """The tokenizer the built model would have (from the cache if built; else in about a second,
+    without training the model): what `--doctor` needs to check the chat template."""
+    from transformers import AutoTokenizer
+
+    cfg = cfg or TinyModelConfig()
+    built = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
+    if (built / "config.json").exists():
+        return AutoTokenizer.from_pretrained(built)
+    return _tokenizer_and_transcripts(tools, cfg)[0]
+
+
+def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print, device: str = "cpu") -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ws = cfg.warmstart
+    tokenizer, mechanics, decision = _tokenizer_and_transcripts(tools, cfg)
     model_cfg = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,

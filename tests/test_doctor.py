@@ -1,0 +1,169 @@
+"""`--doctor`: each check passes on a sound setup and fails, with its fix, on a setup built to break it.
+
+The broken setups are the tiny model's own tokenizer with a modified chat template (or tokenizer), a
+config, data or reward changed to break one thing: nothing is mocked.
+"""
+import asyncio
+
+import pytest
+
+from rl_factory.doctor import FAIL, PASS, SKIP, run_doctor
+from rl_factory.models.tiny import CHAT_TEMPLATE
+from tests.e2e.test_main_scripts import run_script
+
+# As DeepSeek-R1-style templates do: an earlier assistant turn is rendered without its <think> block.
+DROPS_PAST_THINKING = CHAT_TEMPLATE.replace(
+    "{%- for message in messages %}",
+    "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'assistant' %}"
+    "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}\n{%- for message in messages %}", 1).replace(
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}",
+    "{%- set content = message.content or '' %}{%- if loop.index0 < ns.last and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + content }}", 1)
+# Tool calls written in the Qwen3-Coder XML format (the hermes parser cannot read them).
+XML_CALLS = CHAT_TEMPLATE.replace(
+    """{{- '<tool_call>\\n{"name": "' + tc.name + '", "arguments": ' }}
+            {%- if tc.arguments is string %}
+                {{- tc.arguments }}
+            {%- else %}
+                {{- tc.arguments | tojson }}
+            {%- endif %}
+            {{- '}\\n</tool_call>' }}""",
+    """{{- '<tool_call>\\n<function=' + tc.name + '>\\n' }}
+            {%- for k, v in tc.arguments.items() %}
+                {{- '<parameter=' + k + '>\\n' + (v | string) + '\\n</parameter>\\n' }}
+            {%- endfor %}
+            {{- '</function>\\n</tool_call>' }}""", 1)
+# A template that never shows the model its tools.
+NO_TOOLS = CHAT_TEMPLATE.replace("{%- if tools %}", "{%- if false %}", 1)
+# History rendered with an extra newline after the tool calls, which the turn as generated lacks
+# (a whitespace-only drift).
+EXTRA_NEWLINE = CHAT_TEMPLATE.replace(
+    "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == 'tool' %}",
+    "{{- ('\\n' if message.tool_calls and not loop.last else '') + '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == 'tool' %}", 1)
+
+
+def tokenizer_dir(tiny_model_dir, tmp_path, template=None, special_tags=False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    if template is not None:
+        tok.chat_template = template
+    if special_tags:  # the tool-call tags become special tokens, which decoding skips
+        tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    out = tmp_path / "tokenizer"
+    tok.save_pretrained(out)
+    return out
+
+
+def doctor(*overrides, mode="train"):
+    report = asyncio.run(run_doctor(list(overrides), mode=mode))
+    return report, {c.name: c for c in report.checks}
+
+
+def base(model_dir, tmp_path):
+    return [f"model.path={model_dir}", f"trainer.output_dir={tmp_path / 'run'}", "data.val_limit=8"]
+
+
+def test_sound_setup_passes_every_check(tiny_model_dir, tmp_path):
+    report, checks = doctor(*base(tiny_model_dir, tmp_path))
+    assert report.ok, report.table()
+    assert [c.name for c in report.checks] == ["config", "run directory", "reward loads", "data", "tools",
+                                               "reward scores a row", "chat template", "tool schemas fit",
+                                               "parser round-trip", "token stream"]
+    assert "equal the template's rendering token for token" in checks["token stream"].detail
+    assert not (tmp_path / "run").exists()  # the doctor writes nothing into the run directory
+
+
+def test_template_that_drops_past_thinking_is_listed(tiny_model_dir, tmp_path):
+    tok = tokenizer_dir(tiny_model_dir, tmp_path, DROPS_PAST_THINKING)
+    report, checks = doctor(*base(tok, tmp_path))
+    stream = checks["token stream"]
+    assert stream.status == FAIL and "thinking block dropped from history" in stream.detail
+    assert "rollout.context=step" in stream.fix
+    assert [c.name for c in report.checks if c.status != PASS] == ["token stream"]
+    # The step policy renders each prompt with the template: the same template is consistent there.
+    _, checks = doctor(*base(tok, tmp_path), "rollout.context=step")
+    assert checks["token stream"].status == PASS, checks["token stream"].detail
+
+
+def test_parser_mismatch_names_the_parser_that_fits(tiny_model_dir, tmp_path):
+    tok = tokenizer_dir(tiny_model_dir, tmp_path, XML_CALLS)
+    _, checks = doctor(*base(tok, tmp_path))
+    parser = checks["parser round-trip"]
+    assert parser.status == FAIL and "env.parser=hermes parsed a malformed call (invalid JSON" in parser.detail
+    assert "<function=calculator>" in parser.detail
+    assert parser.fix == "set env.parser=qwen3_xml (it reads this template's format)"
+    _, checks = doctor(*base(tok, tmp_path), "env.parser=qwen3_xml")
+    assert checks["parser round-trip"].status == PASS, checks["parser round-trip"].detail
+
+
+def test_tool_tags_as_special_tokens_are_dropped_by_decoding(tiny_model_dir, tmp_path):
+    tok = tokenizer_dir(tiny_model_dir, tmp_path, special_tags=True)
+    _, checks = doctor(*base(tok, tmp_path))
+    parser = checks["parser round-trip"]
+    assert parser.status == FAIL and "special tokens that decoding drops" in parser.fix, parser
+
+
+def test_template_without_tools_and_a_prompt_that_does_not_fit(tiny_model_dir, tmp_path):
+    tok = tokenizer_dir(tiny_model_dir, tmp_path, NO_TOOLS)
+    _, checks = doctor(*base(tok, tmp_path))
+    assert checks["tool schemas fit"].status == FAIL
+    assert "does not render the tool schemas: ['calculator']" in checks["tool schemas fit"].detail
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "rollout.max_total_tokens=100", "rollout.max_response_tokens=64")
+    fit = checks["tool schemas fit"]
+    assert fit.status == FAIL and "leaves no room to generate" in fit.detail and "raise rollout.max_total_tokens" in fit.fix
+    # On verl the cap is verl's data.max_prompt_length (default 1024 from configs/verl.yaml)
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "trainer.backend=verl")
+    assert checks["tool schemas fit"].status == PASS and "of 1024 tokens (data.max_prompt_length)" in \
+        checks["tool schemas fit"].detail
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "trainer.backend=verl", "data.max_prompt_length=40")
+    assert checks["tool schemas fit"].status == FAIL and "data.max_prompt_length=40" in checks["tool schemas fit"].detail
+
+
+def test_whitespace_drift_between_history_and_generation(tiny_model_dir, tmp_path):
+    assert EXTRA_NEWLINE != CHAT_TEMPLATE
+    tok = tokenizer_dir(tiny_model_dir, tmp_path, EXTRA_NEWLINE)
+    _, checks = doctor(*base(tok, tmp_path))
+    stream = checks["token stream"]
+    assert stream.status == FAIL and "1 whitespace" in stream.detail, stream.detail
+
+
+def test_data_without_the_columns_the_reward_names(tiny_model_dir, tmp_path):
+    reward = tmp_path / "needs_level.py"
+    reward.write_text("def reward(completion, answer, level, **_):\n    return 1.0\n")
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), f"reward.function={reward}:reward")
+    assert checks["data"].status == FAIL and "no 'level' column" in checks["data"].detail
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), "data.answer_key=solution")
+    assert checks["data"].status == FAIL and "no 'solution' column" in checks["data"].detail
+    assert checks["data"].fix == "set data.answer_key to the answer column"
+    assert checks["reward scores a row"].status == SKIP
+
+
+def test_reward_that_raises_and_a_server_that_does_not_start(tiny_model_dir, tmp_path):
+    reward = tmp_path / "raising.py"
+    reward.write_text("def reward(completion, answer):\n    raise ValueError('no score today')\n")
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), f"reward.function={reward}:reward")
+    assert checks["reward scores a row"].status == FAIL and "no score today" in checks["reward scores a row"].detail
+    ghost = "{mcpServers:{ghost:{command:rlf-no-such-command-xyz}}}"
+    report, checks = doctor(*base(tiny_model_dir, tmp_path), f"env.tools={ghost}")
+    assert checks["tools"].status == FAIL and "ghost" in checks["tools"].detail
+    assert {c.name for c in report.checks if c.status == SKIP} >= {"chat template", "parser round-trip", "token stream"}
+
+
+def test_a_config_typo_fails_first_and_skips_the_rest(tmp_path):
+    report, checks = doctor("trainer.totl_steps=3")
+    assert checks["config"].status == FAIL and "totl_steps" in checks["config"].detail
+    assert all(c.status == SKIP for c in report.checks[1:])
+
+
+@pytest.mark.parametrize("script", ["main_grpo.sh", "main_eval.sh"])
+def test_doctor_flag_prints_the_table_and_sets_the_exit_code(script, tiny_model_dir, tmp_path):
+    good = run_script(script, "--doctor", f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run'}")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "all checks passed" in good.stdout and "token stream" in good.stdout
+    assert ("run directory" in good.stdout) == (script == "main_grpo.sh")
+    if script == "main_grpo.sh":  # the failing path once (the checks themselves are tested above)
+        bad = run_script(script, "--doctor", f"model.path={tokenizer_dir(tiny_model_dir, tmp_path, XML_CALLS)}")
+        assert bad.returncode == 1 and "fix: set env.parser=qwen3_xml" in bad.stdout
