@@ -146,6 +146,13 @@ def assert_run_dir_contract(cfg, right):
     assert sorted(r["reward"] for r in rollouts) == sorted(float(r) for r in right)
     assert all(r["num_turns"] == 2 and r["total_tokens"] > r["prompt_tokens"] > 0 for r in rollouts)
     assert not (run / "rollouts" / ".parts" / "train_step_000001").exists()  # gathered once
+    # a validation step: val/* from the val parts, and the run report (as the embedded trainer writes them)
+    from rl_factory.backends.verl.run_dir import write_part
+
+    write_part(run, "val", 2, [{**rollouts[0], "reward": 1.0}])
+    tracking.log({"val-core/rl_factory/reward/mean@1": 1.0}, step=2)
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step"] == 2 and line["val/accuracy"] == 1.0 and (run / "report.html").exists()
 
 
 def test_v1_step_context_gives_one_sample_per_turn(ray_cluster, verl_setup):

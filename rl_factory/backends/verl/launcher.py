@@ -189,4 +189,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
     run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    from rl_factory.run import RunDir
+
+    RunDir(out_dir).write_report(bool(cfg.rl_factory.trainer.report))  # the final one, from the finished files
     return {"output_dir": str(out_dir)}

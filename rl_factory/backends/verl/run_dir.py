@@ -13,7 +13,8 @@ comparisons and users' scripts read those. On verl the pieces of a step live in 
   `trainer.logger` names `rl_factory`, then gathers the step's parts into `rollouts/step_N.jsonl`
   (`val_step_N.jsonl` at validation steps), computes our metrics from them with the embedded
   backend's own `summarize_records`, maps verl's timing names onto ours, and appends one line to
-  `metrics.jsonl`: our names plus every verl metric under its own name.
+  `metrics.jsonl`: our names plus every verl metric under its own name. After a validation step it
+  rewrites `report.html` (rl_factory/report), as the embedded trainer does.
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ class RunDirLogger:
         ours = config["rl_factory"]
         self.out_dir = Path(ours["trainer"]["output_dir"])
         self.threshold = float(ours["reward"]["success_threshold"])
+        self.report = bool(ours["trainer"].get("report", True))
         resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
         self.jsonl = JsonlLogger(self.out_dir, None, resume)
 
@@ -114,6 +116,10 @@ class RunDirLogger:
             metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
         metrics.update(our_metrics(data))
         self.jsonl.log({**metrics, **{k: v for k, v in data.items() if k not in metrics}}, step=step)
+        if any(key.startswith("val/") for key in metrics):  # as the embedded trainer: at every validation
+            from rl_factory.run import RunDir
+
+            RunDir(self.out_dir).write_report(self.report)
 
     def finish(self) -> None:
         self.jsonl.close()
