@@ -110,8 +110,8 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "trainer.max_actor_ckpt_to_keep": t.keep_checkpoints,
         "trainer.max_critic_ckpt_to_keep": t.keep_checkpoints,
         "trainer.logger": [LOGGERS[name] for name in t.logger],
-        "trainer.rollout_data_dir": str(out_dir / "rollouts") if t.save_rollouts else None,
-        "trainer.validation_data_dir": str(out_dir / "rollouts_val") if t.save_rollouts else None,
+        "trainer.rollout_data_dir": str(out_dir / "rollouts_verl") if t.save_rollouts else None,
+        "trainer.validation_data_dir": str(out_dir / "rollouts_verl" / "val") if t.save_rollouts else None,
         **_resume(t.resume),
     }
     env_vars = {"TENSORBOARD_DIR": str(out_dir / "tensorboard")}
