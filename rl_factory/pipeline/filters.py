@@ -29,7 +29,7 @@ among the survivors only. How each estimator stays consistent when a trajectory 
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,3 +181,50 @@ def _build_one(entry: Any, where: str) -> Filter:
         raise ConfigError(f"{where}: {spec} is a {builtin.level}-level filter (drop `level`)")
     check_options(builtin.fn, kwargs, where, skip=2 if builtin.level == "group" else 1)
     return Filter(name, builtin.level, where, builtin=builtin, kwargs=kwargs)
+
+
+ValuesFn = Callable[[list[Group]], Awaitable[tuple[list[float], dict[str, float]]]]
+
+
+async def apply_filters(filters: list[Filter], groups: list[Group], estimator_inputs: ValuesFn,
+                        dropped: dict[str, int]) -> tuple[list[Group], list[float], dict[str, float]]:
+    """Run `filters` over `groups`: the unscored ones in order, then the estimator's inputs, then the scored.
+
+    Args:
+        filters: from `build_filters` (scored ones may come anywhere: they run last).
+        groups: scored groups; their trajectories get `dropped_by` when a filter drops them.
+        estimator_inputs: async (surviving groups) -> ([one value per survivor], metrics): the rewards,
+            or for arena the tournament among the survivors.
+        dropped: filter name -> trajectories dropped, added to.
+
+    Returns:
+        (groups that kept a trajectory, holding only their survivors; the survivors' values; the metrics
+        of `estimator_inputs`).
+    """
+    for f in (f for f in filters if not f.scored):
+        groups, _ = await _apply(f, groups, None, dropped)
+    values, metrics = await estimator_inputs(groups)
+    for f in (f for f in filters if f.scored):
+        groups, values = await _apply(f, groups, values, dropped)
+    return groups, values, metrics
+
+
+async def _apply(f: Filter, groups: list[Group], values: list[float] | None, dropped: dict[str, int]
+                 ) -> tuple[list[Group], list[float] | None]:
+    """Run one filter over every group: survivors (empty groups removed), their values; marks the dropped."""
+    out_groups, out_values, pos = [], [], 0
+    for group in groups:
+        n = len(group.trajectories)
+        own = values[pos:pos + n] if values is not None else None
+        pos += n
+        keep = await f.keep(group, own)
+        for traj, k in zip(group.trajectories, keep, strict=True):
+            if not k:
+                traj.dropped_by = f.name
+        dropped[f.name] += keep.count(False)
+        survivors = [t for t, k in zip(group.trajectories, keep) if k]
+        if survivors:
+            out_groups.append(Group(group.sample_index, survivors))
+            if own is not None:
+                out_values += [v for v, k in zip(own, keep) if k]
+    return out_groups, out_values if values is not None else None

@@ -32,7 +32,7 @@ from rl_factory.config import ConfigError
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams
 from rl_factory.pipeline.augment import augment, build_augmenters
-from rl_factory.pipeline.filters import Filter, build_filters
+from rl_factory.pipeline.filters import apply_filters, build_filters
 from rl_factory.rollout import Agent
 from rl_factory.types import Group, Trajectory
 from rewards.process import ProcessReward
@@ -121,9 +121,7 @@ class RolloutPipeline:
         self.batch_size, self.group_size, self.params = batch_size, group_size, params
         self.reward, self.max_concurrency, self.process = reward, max_concurrency, process
         self.arena, self.anchor_params = arena, anchor_params
-        filters = build_filters(cfg.filters)
-        self.filters = [f for f in filters if not f.scored]
-        self.scored_filters = [f for f in filters if f.scored]  # they run on the estimator's inputs, last
+        self.filters = build_filters(cfg.filters)
         self.augmenters = build_augmenters(cfg.augment)
 
     async def collect(self, step: int) -> Batch:
@@ -132,7 +130,7 @@ class RolloutPipeline:
         groups: list[Group] = []
         scores: list[float] = []
         trajs: list[Trajectory] = []
-        dropped = {f.name: 0 for f in self.filters + self.scored_filters}
+        dropped = {f.name: 0 for f in self.filters}
         rounds: list[tuple[int, dict[str, float]]] = []
         drawn = 0
         while True:
@@ -193,12 +191,8 @@ class RolloutPipeline:
     async def _filter(self, groups: list[Group], step: int, dropped: dict[str, int]
                       ) -> tuple[list[Group], list[float], dict[str, float]]:
         """The survivors of every filter, their estimator inputs, and the tournament's metrics (arena)."""
-        for f in self.filters:
-            groups, _ = await _apply(f, groups, None, dropped)
-        values, metrics = await self._estimator_inputs(groups, step)
-        for f in self.scored_filters:
-            groups, values = await _apply(f, groups, values, dropped)
-        return groups, values, metrics
+        return await apply_filters(self.filters, groups,
+                                   lambda kept: self._estimator_inputs(kept, step), dropped)
 
     async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
         """Per kept trajectory: the outcome reward the estimator sees, or (arena) its tournament score."""
@@ -214,27 +208,6 @@ class RolloutPipeline:
                                                       self.anchor_params)
         scores, metrics = await self.arena.score_groups(groups, step, anchors)
         return scores, {**metrics, "timing/arena_s": time.perf_counter() - t0}
-
-
-async def _apply(f: Filter, groups: list[Group], values: list[float] | None, dropped: dict[str, int]
-                 ) -> tuple[list[Group], list[float] | None]:
-    """Run one filter over every group: survivors (empty groups removed), their values; marks the dropped."""
-    out_groups, out_values, pos = [], [], 0
-    for group in groups:
-        n = len(group.trajectories)
-        own = values[pos:pos + n] if values is not None else None
-        pos += n
-        keep = await f.keep(group, own)
-        for traj, k in zip(group.trajectories, keep, strict=True):
-            if not k:
-                traj.dropped_by = f.name
-        dropped[f.name] += keep.count(False)
-        survivors = [t for t, k in zip(group.trajectories, keep) if k]
-        if survivors:
-            out_groups.append(Group(group.sample_index, survivors))
-            if own is not None:
-                out_values += [v for v, k in zip(own, keep) if k]
-    return out_groups, out_values if values is not None else None
 
 
 def merge_rounds(rounds: list[tuple[int, dict[str, float]]]) -> dict[str, float]:

@@ -32,6 +32,7 @@ from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from envs import get_parser
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
+from rl_factory.backends.verl.pipeline import augmented, finish_outputs, group_stage
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.chat import ChatFormat
 from rl_factory.components import EnvConfig, SamplingConfig, loop_config, open_env
@@ -130,9 +131,7 @@ class WorkerState:
         env = await open_env(env_cfg, log_dir=output_dir / "tool_logs" / worker).__aenter__()
         tools = await env.list_tools()  # stdio servers start here, once per worker process
         stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
-        arena = None
-        if ours.algorithm.advantage == "arena":
-            arena = ArenaGroups.from_config(ours, env, output_dir / "arena" / worker)
+        arena = group_stage(ours, env, output_dir, worker)  # ArenaRL and rollout filters meet here (pipeline.py)
         return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
                    {i for i in stop_ids if i is not None}, arena)
 
@@ -169,7 +168,9 @@ class RLFactoryAgentLoop(AgentLoopBase):
         score = None
         if group is not None:  # ArenaRL: the tournament's score replaces the pointwise reward
             score = await group.submit(uid, session, traj, self.rollout_config.n, kwargs.get("global_steps", 0))
-        return to_outputs(traj, timing, score, self.rollout_config.response_length)
+        traj = await augmented(traj, self.config, validate)  # rollout.augment: one output per view
+        outputs = to_outputs(traj, timing, score, self.rollout_config.response_length)
+        return finish_outputs(outputs, traj)  # rollout filters: a dropped trajectory trains no token
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:

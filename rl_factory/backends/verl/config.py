@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
+from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
 
@@ -104,6 +105,7 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "trainer.rollout_data_dir": str(out_dir / "rollouts") if t.save_rollouts else None,
         "trainer.validation_data_dir": str(out_dir / "rollouts_val") if t.save_rollouts else None,
         **_resume(t.resume),
+        **pipeline_values(ours),  # rollout filters / dynamic sampling (pipeline.py); may set adv_estimator
     }
     # verl's file logger truncates its file when it starts and writes {"step", "data": {...}} with verl's
     # metric names: one file per launch, beside (not as) our metrics.jsonl, so a resumed run loses nothing.
