@@ -92,3 +92,11 @@ async def test_gae_whitens_over_the_kept_tokens_and_refuses_zero_variance(batch)
     assert batch.trajectories[3].token_advantages is None
     with pytest.raises(ConfigError, match="gae's advantages are not zero"):
         check_pipeline(PipelineConfig(filters=["zero_variance"]), "gae", "append")
+
+
+async def test_a_step_whose_every_trajectory_was_dropped_trains_nothing(make_agent):
+    agent, _ = make_agent({Q1: [["The answer is 5."]]})
+    batch = await make_pipeline(agent, [row(Q1, "10063")], n=2, filters=["zero_variance"]).collect(step=1)
+    assert batch.groups == [] and batch.kept == [] and len(batch.trajectories) == 2
+    assert assign_advantages("grpo", batch.groups).numel() == 0  # what the trainer then calls
+    assert assign_gae(batch.kept, []) == {}
