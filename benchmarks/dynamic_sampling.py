@@ -17,7 +17,8 @@ same model (built once from seed 0); the seed sets data order and sampling. Prin
   - `val_acc_start`, `val_acc_end`: greedy validation accuracy on the mixed validation rows;
   - `val_acc_per_mtoken`: `val_acc_end / generated_mtokens`; `gain_per_mtoken`: the same for the gain
     `val_acc_end - val_acc_start` (the start is the same model for every run);
-  - `prompts_per_step`, `rounds_per_step`, `wall_s`.
+  - `prompts_per_step`, `rounds_per_step`, `wall_s`;
+- `loadavg_1m`: the machine's load average at the start and at the end (wall times depend on it).
 `--table` also prints the summary as a Markdown table on stderr.
 """
 from __future__ import annotations
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "outputs" / "bench_dynamic_sampling")
     parser.add_argument("--table", action="store_true", help="also print a Markdown table on stderr")
     args = parser.parse_args(argv)
+    load_start = os.getloadavg()[0]
     train, val = mixed_data(args.out_dir / "data", args.hard_share, args.val_rows)
     model = base_model()
     plan = [(name, seed) for seed in args.seeds for name in args.configs]
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         runs = list(pool.map(lambda job: run_one(args, job[0], job[1], model, train, val), plan))
     summary = summarize(runs)
     config = {k: v for k, v in vars(args).items() if k not in ("out_dir", "table", "jobs", "configs")}
-    print(json.dumps({"config": config, "runs": runs, "summary": summary}))
+    loadavg = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    print(json.dumps({"config": config, "loadavg_1m": loadavg, "runs": runs, "summary": summary}))
     if args.table:
         print(table(summary), file=sys.stderr)
 
