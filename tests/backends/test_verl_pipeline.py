@@ -110,8 +110,9 @@ def _extra(data, i) -> dict:
     return getattr(value, "data", value)
 
 
-def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup):  # noqa: F811
-    cfg, files = _setup_v1(verl_setup, "rollout.filters=[duplicate,zero_variance]")
+@pytest.mark.parametrize("advantage", ["grpo", "arena"])
+def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup, advantage):  # noqa: F811
+    cfg, files = _setup_v1(verl_setup, "rollout.filters=[duplicate,zero_variance]", f"algorithm.advantage={advantage}")
     # sessions 0 and 2 follow the same script: the same tokens, so session 2 is a duplicate
     keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
     assert keys == ["prompt-0_0_0", "prompt-0_1_0", "prompt-0_2_0"]
@@ -120,11 +121,36 @@ def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup):  # n
     masks = [data["response_mask"][i].tolist() for i in range(3)]
     assert 1 in masks[0] and 1 in masks[1] and set(masks[2]) == {0}  # the dropped one trains no token
     scores = [float(data["rm_scores"][i].sum()) for i in range(3)]
-    assert scores == [1.0, 0.0, 1.0]  # scored where the sessions met, with our reward
+    assert [e["reward_extra_info"]["score"] for e in extras] == [1.0, 0.0, 1.0]  # our reward, where they met
     assert [e["reward_extra_info"][GROUP_KEY] for e in extras] == [0.0, 1.0, 2.0]  # a kept group
-    # verl's advantage step (with our rl_factory_grpo): the survivors [1, 0] alone, the dropped row 0
+    if advantage == "grpo":
+        assert scores == [1.0, 0.0, 1.0]
+    else:  # the tournament among the two survivors: the right one beats the wrong one
+        assert scores[0] > scores[1]
+    # verl's advantage step (our rl_factory_grpo / arena): the survivors alone, the dropped row 0
     assert adv[0] == pytest.approx(0.7071, abs=1e-3) and adv[1] == pytest.approx(-0.7071, abs=1e-3)
     assert adv[2] == 0.0
+
+
+def test_v1_views_are_outputs_of_their_session(ray_cluster, verl_setup):  # noqa: F811
+    """rollout.augment=[per_turn]: one output per turn, each the engine's tokens after their exact prefix."""
+    cfg, files = _setup_v1(verl_setup, "rollout.augment=[per_turn]")
+    keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
+    assert keys == [f"prompt-0_{s}_{t}" for s in range(3) for t in range(2)]  # 3 sessions x 2 turns
+    from verl.utils.tokenizer import hf_tokenizer
+    tok = hf_tokenizer(cfg.actor_rollout_ref.model.path)
+    eos = tok.eos_token_id
+    for s in range(3):
+        first, second = 2 * s, 2 * s + 1
+        # the second view's prompt is the first view's prompt, its response, and the tool observation
+        p1, r1 = data["prompts"][first].tolist(), data["responses"][first].tolist()
+        p2 = data["prompts"][second].tolist()
+        assert p2[:len(p1) + len(r1)] == p1 + r1 and len(p2) > len(p1) + len(r1)
+        assert data["response_mask"][first].tolist() == [1] * len(r1) and r1[-1] == eos
+        assert "<tool_call>" in tok.decode(r1, skip_special_tokens=True)
+        assert "answer is" in tok.decode(data["responses"][second].tolist(), skip_special_tokens=True)
+        assert adv[first] == pytest.approx(adv[second])  # verl's grpo: the session's advantage on each view
+    assert [a > 0 for a in adv[::2]] == [True, False, True]
 
 
 def test_v1_group_without_signal_is_marked_for_verls_refill(ray_cluster, verl_setup):  # noqa: F811
