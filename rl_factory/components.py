@@ -15,6 +15,7 @@ from envs import ToolEnv, get_parser
 from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
 from rl_factory.engines.hf import HFEngine
+from rl_factory.pipeline.rollouts import PipelineConfig
 from rl_factory.rollout import Agent, RolloutConfig
 from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)
 
@@ -42,8 +43,9 @@ class EnvConfig:
 
 
 @dataclass
-class SamplingConfig(RolloutConfig):
-    """`rollout.*`: the rollout loop's knobs plus engine-level settings."""
+class SamplingConfig(RolloutConfig, PipelineConfig):
+    """`rollout.*`: the rollout loop's knobs, the rollout pipeline's (filters, dynamic sampling,
+    augmenters) and engine-level settings."""
 
     val_temperature: float = 0.0
     max_batch_size: int = 128

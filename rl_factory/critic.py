@@ -110,6 +110,8 @@ def assign_gae(trajs: list[Trajectory], values: list[list[float]], gamma: float 
     Sets `token_advantages`, `old_values` and `returns` (aligned with token_ids, 0 off generated
     tokens) and `advantage` (the mean token advantage, for logging and the rollout records).
     """
+    if not trajs:  # the rollout filters may leave none
+        return {}
     width = max(len(t.token_ids) for t in trajs)
     def pad(rows):
         return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float64)

@@ -191,14 +191,15 @@ class PromptSampler:
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def next_indices(self) -> list[int]:
-        """Row indices of the next batch; advances the sampler."""
+    def next_indices(self, size: int | None = None) -> list[int]:
+        """Row indices of the next `size` rows (default: a batch); advances the sampler."""
+        size = self.batch_size if size is None else size
         indices: list[int] = []
-        while len(indices) < self.batch_size:
+        while len(indices) < size:
             if self.position == len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
-            take = self._order[self.position:self.position + self.batch_size - len(indices)]
+            take = self._order[self.position:self.position + size - len(indices)]
             indices.extend(take)
             self.position += len(take)
         return indices

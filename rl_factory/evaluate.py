@@ -69,6 +69,7 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "reward": traj.reward,
         "reward_info": traj.reward_info,
         "advantage": traj.advantage,  # gae: the mean of its token advantages
+        "dropped_by": traj.dropped_by,  # the rollout filter that kept it from training, if any
         "process_rewards": traj.process_rewards,
         "stop_reason": traj.stop_reason,
         "num_turns": len(traj.turns),

@@ -1,8 +1,10 @@
 """The embedded trainer: GRPO-style RL for a tool-using agent, in one process on CPU or one GPU.
 
 `train()` reads top to bottom like the algorithm:
-  for each step: sample prompts -> n async multi-turn rollouts per prompt (tools via MCP) ->
-  reward -> group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
+  for each step: sample prompts -> n async multi-turn rollouts per prompt (tools via MCP) -> reward ->
+  filters (and more prompts until enough groups survive: dynamic sampling) -> augmenters (training views) ->
+  group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
+Everything up to the advantages is the rollout pipeline (rl_factory/pipeline).
 With `algorithm.advantage=gae` a value head (rl_factory/critic.py) values every token before the
 update, GAE gives per-token advantages, and the clipped value loss joins the policy loss.
 Validation (greedy by default) runs at step 0, every `trainer.eval_every` steps and at the end.
@@ -35,13 +37,13 @@ from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.lora import is_lora, load_adapter
+from rl_factory.pipeline import RolloutPipeline, check_pipeline
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
 from rewards.combine import build_reward
 from rewards.process import ProcessReward
-from rewards.scorer import RewardScorer
 
 log = logging.getLogger("rl_factory")
 
@@ -84,6 +86,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
+    check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
     reward_fn = build_reward(reward_cfg)  # reward.function, or reward.functions with weights
     process = _build_process(reward_cfg)  # per-turn rewards (reward.process); off by default
     use_critic = _needs_critic(alg, roll_cfg)  # gae: a value head trained alongside the policy
@@ -119,6 +122,10 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
+        pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,
+                                   batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
+                                   reward=reward_fn, max_concurrency=reward_cfg.max_concurrency, process=process,
+                                   arena=arena, anchor_params=val_params)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
@@ -140,48 +147,34 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 step += 1
                 t0 = time.perf_counter()
                 env.reset_metrics()  # tool/* metrics are this step's, not cumulative since the start
-                # 1. Sample a batch of prompts (the sampler's position is checkpointed).
-                indices = sampler.next_indices()
-                samples = [train_rows[i] for i in indices]
-                # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP. Each one is
-                #    handed to the scorer as it finishes, so rewards run while the others still roll out.
-                scorer = RewardScorer(reward_fn, tools=env, max_concurrency=reward_cfg.max_concurrency)
-                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params, on_done=scorer.submit)
-                trajs = [t for g in groups for t in g.trajectories]
-                t1 = time.perf_counter()
-                # 3. Rewards: wait for the scoring still running (timing/reward_s is only this tail).
-                reward_stats = await scorer.wait(trajs)
-                if process.enabled:  # per-turn rewards, on each turn's last generated token
-                    per_turn = await asyncio.gather(*(process.score(t) for t in trajs))
-                    reward_stats["reward/process/mean"] = float(np.mean([sum(r) for r in per_turn]))
-                    reward_stats["reward/process/errors"], process.errors = process.errors, 0
+                # 1-3. Rollouts, rewards, filters: sample prompts (the sampler's position is checkpointed),
+                #      roll out n trajectories per prompt (async, multi-turn, tools over MCP), score each as it
+                #      finishes, drop what should not train (rollout.filters); with rollout.dynamic_sampling,
+                #      more prompts until enough groups survive. For arena, each group's survivors play here.
+                batch = await pipeline.collect(step)
+                groups, trajs = batch.groups, batch.kept
+                # 4. Augment: the training samples of each kept trajectory (rollout.augment; default: itself).
+                augment_metrics = await pipeline.augment(batch)
                 t2 = time.perf_counter()
-                # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
-                #    A ranking estimator (arena) first gets tournament scores: one judged tournament per group.
-                #    GAE instead gets the critic's values of every token and gives per-token advantages.
-                scores, arena_metrics, critic_metrics = None, {}, {}
-                if arena is not None:
-                    anchors = (await agent.rollout_groups(samples, indices, 1, val_params)
-                               if arena.needs_greedy_anchor else None)
-                    scores, arena_metrics = await arena.score_groups(groups, step, anchors)
-                    arena_metrics["timing/arena_s"] = time.perf_counter() - t2
+                # 5. Advantages from the registry (one value per trajectory, broadcast over its tokens), over
+                #    the survivors of each group. GAE instead gets the critic's values of every token.
+                critic_metrics = {}
                 if value_head is not None:
                     values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
                     critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
                 else:
                     assign_advantages(alg.advantage, groups, rewards=[process.outcome(t) for t in trajs],
-                                      scores=scores, **alg.advantage_options)
-                # 5. Policy update with the registered policy loss (plus the value loss with a critic).
+                                      scores=batch.scores, **alg.advantage_options)
+                # 6. Policy update with the registered policy loss (plus the value loss with a critic).
                 actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
                                       value_head=value_head)
                 t3 = time.perf_counter()
-                # 6. Log, write rollouts, validate and checkpoint.
-                metrics = {**summarize(trajs, reward_cfg.success_threshold), **reward_stats, **actor,
-                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **arena_metrics,
-                           **critic_metrics,
-                           "timing/rollout_s": t1 - t0, "timing/reward_s": t2 - t1, "timing/update_s": t3 - t2}
-                if t_cfg.save_rollouts:
-                    write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", trajs)
+                # 7. Log, write rollouts, validate and checkpoint.
+                metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,
+                           **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **augment_metrics,
+                           **critic_metrics, "timing/update_s": t3 - t2}
+                if t_cfg.save_rollouts:  # dropped trajectories too, with the filter that dropped them
+                    write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", batch.trajectories)
                 last = step == t_cfg.total_steps
                 if last or (t_cfg.eval_every and step % t_cfg.eval_every == 0):
                     history["last_val"] = await validate(step)

@@ -59,16 +59,17 @@ class Turn:
 
 @dataclass
 class Step:
-    """One training sample of the `step` context policy: one turn with the prompt it was given.
+    """One training sample cut from a trajectory: a turn of the `step` context policy, or an augmenter's view.
 
-    `token_ids` = that turn's prompt ids (loss_mask 0) + the ids the engine generated (loss_mask 1).
-    The trajectory's advantage applies to every one of its steps.
+    `token_ids` = the sample's prompt ids (loss_mask 0) + what it trains on (loss_mask 1 on generated ids).
+    The trajectory's advantage, times `weight`, applies to every one of its steps.
     """
 
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
     advantage: float | None = None
+    weight: float = 1.0
 
 
 @dataclass
@@ -100,13 +101,15 @@ class Trajectory:
     token_advantages: list[float] | None = None
     old_values: list[float] | None = None
     returns: list[float] | None = None
+    # The rollout filter that dropped it (rl_factory/pipeline); None = it trains.
+    dropped_by: str | None = None
 
     def training_samples(self) -> list[Trajectory | Step]:
-        """What the update trains on: the whole sequence, or (step policy) each turn's sample."""
+        """What the update trains on: the whole sequence, or each of its steps (step policy, augmenters)."""
         if not self.steps:
             return [self]
         for step in self.steps:
-            step.advantage = self.advantage
+            step.advantage = None if self.advantage is None else self.advantage * step.weight
         return list(self.steps)
 
     @property
@@ -124,7 +127,8 @@ class Trajectory:
 
     @property
     def num_generated_tokens(self) -> int:
-        return sum(sum(s.loss_mask) for s in self.training_samples())
+        """Tokens the engine generated (views of augmenters may train some of them several times)."""
+        return sum(len(t.generated_ids) for t in self.turns)
 
 
 @dataclass

@@ -88,7 +88,8 @@ def advantages(cfg, keys):
         lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
         norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm)
     mask = data.batch["response_mask"]
-    return [float(data.batch["advantages"][i][mask[i].bool()][0]) for i in range(len(keys))]
+    # a row without trained tokens (a trajectory a rollout filter dropped) has no advantage: 0
+    return [float(data.batch["advantages"][i][mask[i].bool()][0]) if mask[i].any() else 0.0 for i in range(len(keys))]
 
 
 def _decoded_answers(cfg, data):

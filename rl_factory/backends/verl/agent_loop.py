@@ -32,6 +32,7 @@ from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from envs import get_parser
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
+from rl_factory.backends.verl.pipeline import augmented, finish_outputs, group_stage
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.chat import ChatFormat
@@ -132,9 +133,7 @@ class WorkerState:
         env = await open_env(env_cfg, log_dir=output_dir / "tool_logs" / worker).__aenter__()
         tools = await env.list_tools()  # stdio servers start here, once per worker process
         stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
-        arena = None
-        if ours.algorithm.advantage == "arena":
-            arena = ArenaGroups.from_config(ours, env, output_dir / "arena" / worker)
+        arena = group_stage(ours, env, output_dir, worker)  # ArenaRL and rollout filters meet here (pipeline.py)
         return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
                    {i for i in stop_ids if i is not None}, arena, output_dir)
 
@@ -170,12 +169,14 @@ class RLFactoryAgentLoop(AgentLoopBase):
             raise
         step, split = int(kwargs.get("global_steps", 0) or 0), "val" if validate else "train"
         score = None
-        if group is not None:  # ArenaRL: the tournament's score replaces the pointwise reward
+        if group is not None:  # ArenaRL / rollout filters: the group stage's score replaces the reward worker
             score = await group.submit(uid, session, traj, self.rollout_config.n, step)
             # verl skips its reward worker for this trajectory: its rollouts line is written here
             write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score}])
-        return to_outputs(traj, timing, score, self.rollout_config.response_length,
-                          record=to_record(traj, step, split, session))
+        traj = await augmented(traj, self.config, validate)  # rollout.augment: one output per view
+        outputs = to_outputs(traj, timing, score, self.rollout_config.response_length,
+                             record=to_record(traj, step, split, session))
+        return finish_outputs(outputs, traj)  # rollout filters: a dropped trajectory trains no token
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
+from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
@@ -113,6 +114,7 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         "trainer.rollout_data_dir": str(out_dir / "rollouts_verl") if t.save_rollouts else None,
         "trainer.validation_data_dir": str(out_dir / "rollouts_verl" / "val") if t.save_rollouts else None,
         **_resume(t.resume),
+        **pipeline_values(ours),  # rollout filters / dynamic sampling (pipeline.py); may set adv_estimator
     }
     env_vars = {"TENSORBOARD_DIR": str(out_dir / "tensorboard")}
     extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}

@@ -121,6 +121,7 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
         raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
                           f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
     from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.pipeline import check_verl_pipeline
 
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
     check_supported(ours)
@@ -128,6 +129,7 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
     out_dir = Path(ours.trainer.output_dir)
     files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
     cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=print_only is None))
+    check_verl_pipeline(ours, cfg)  # filters, dynamic sampling, augmenters on verl (pipeline.py)
     if not cfg.trainer.use_v1 and (ours.rollout.context == "step" or ours.algorithm.advantage == "arena"):
         what = "rollout.context=step" if ours.rollout.context == "step" else "algorithm.advantage=arena"
         raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "

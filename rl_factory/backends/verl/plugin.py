@@ -69,14 +69,20 @@ def _outcome_estimator(name: str):
         # The outcome reward sits on the last response token (verl's rm_scores); summing is exact.
         rewards = (token_level_rewards * mask).sum(-1)
         group_ids = list(index) if index is not None else list(range(len(rewards)))
-        scores = rewards if name == "arena" else None  # arena: the agent loop put tournament scores there
+        # A row with no token to train is a trajectory a rollout filter dropped (rl_factory/backends/verl/
+        # pipeline.py): like the embedded trainer, its group's statistics are those of the survivors.
+        live = (mask.sum(-1) > 0).cpu()
+        rows = live.nonzero()[:, 0].tolist()
+        rewards_live = rewards.detach().double().cpu()[live]
+        scores = rewards_live if name == "arena" else None  # arena: the agent loop put tournament scores there
         options = dict(advantage_options())
         if name == "grpo" and config is not None and "norm_by_std" not in options:
             options["norm_by_std"] = bool(config.get("norm_adv_by_std_in_grpo", True))
-        inputs = AdvantageInputs.build(rewards.detach().double().cpu(), group_ids, scores=scores,
-                                       response_mask=response_mask.detach().cpu())
+        inputs = AdvantageInputs.build(rewards_live, [group_ids[i] for i in rows], scores=scores,
+                                       response_mask=response_mask.detach().cpu()[live])
+        adv = torch.zeros(len(rewards), dtype=token_level_rewards.dtype, device=token_level_rewards.device)
         with torch.no_grad():
-            adv = estimate(name, inputs, **options).to(token_level_rewards.device, token_level_rewards.dtype)
+            adv[live.to(adv.device)] = estimate(name, inputs, **options).to(adv.device, adv.dtype)
         adv = adv.unsqueeze(-1) * mask  # broadcast over the trajectory's response tokens
         return adv, adv
 

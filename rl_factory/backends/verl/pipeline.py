@@ -1,0 +1,250 @@
+"""The rollout pipeline on verl: our filters and augmenters in the agent loop, verl's DAPO refill.
+
+Stage by stage, what runs where (verl 0.9.1, V1 trainer):
+- filters (`rollout.filters`): ours, where a prompt's n sessions meet in their AgentLoopWorker (the
+  rendezvous of ArenaRL, `group.py`). The last session to finish scores every trajectory with the
+  reward verl's reward worker would call (`reward.compute_score`, so the numbers are the same), runs the
+  filters as the embedded trainer does (`rl_factory.pipeline.filters.apply_filters`; for `arena` the
+  tournament among the survivors), and every session returns its score as verl's `reward_score` (verl
+  then skips its reward worker for it). verl has no per-trajectory filter of its own.
+- a dropped trajectory: its outputs keep their tokens but get response_mask 0 (no token trains) and
+  `rl_factory_dropped` in extra_fields. Our estimators in verl (`plugin.py`) leave rows without a
+  trained token out of the group statistics, so, as in the embedded trainer, the group is its
+  survivors; with filters, `grpo` and `rloo` therefore run as our registered copies (`rl_factory_grpo`,
+  `rl_factory_rloo`, equal to verl's otherwise). verl's `gae` already whitens over trained tokens only.
+- dynamic sampling (`rollout.dynamic_sampling`): verl's own, the V1 ReplayBuffer's DAPO group filter
+  (a finished group whose metric is constant is evicted, two prompts are drawn per evicted group from
+  verl's checkpointed dataloader, surplus groups are discarded), plugged in through its custom-sampler
+  hook as `RolloutReplayBuffer`. Its metric is our `rl_factory_group_key`: 0 on every trajectory of a
+  group the filters dropped entirely, the session index otherwise, so verl evicts exactly those
+  groups. It adds `max_rounds`, which verl's V1 buffer does not enforce (it ignores
+  `max_num_gen_batches`): once (max_rounds - 1) x train_batch_size prompts were refilled for a step,
+  nothing more is evicted and the step trains on what finished (`rollout/max_rounds_hit`, a warning).
+  verl's batch always holds `data.train_batch_size` groups, so `min_groups` must equal it.
+- augmenters (`rollout.augment`): ours, in the agent loop: each view is one `AgentLoopOutput` of the
+  session, like the step context, and verl's `grpo` gives every output of a session the session's
+  advantage. verl has no per-sample weight, so every view must weigh 1.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rl_factory.backends.verl.group import ArenaGroups, _Pending
+from rl_factory.backends.verl.plugin import registered_name
+from rl_factory.backends.verl.records import RECORD_KEY, to_record
+from rl_factory.backends.verl.reward import compute_score
+from rl_factory.config import ConfigError, section
+from rl_factory.pipeline import PipelineConfig, augment, build_augmenters, build_filters, check_pipeline
+from rl_factory.pipeline.filters import Filter, apply_filters
+from rl_factory.types import Group, Trajectory
+
+log = logging.getLogger("rl_factory.verl")
+
+DROPPED_KEY = "rl_factory_dropped"
+GROUP_KEY = "rl_factory_group_key"
+SAMPLER_NAME = "RolloutReplayBuffer"
+# Filters that drop whole groups only: they leave verl's own grpo (needed by multi-output sessions) exact.
+WHOLE_GROUP_FILTERS = ("zero_variance",)
+
+
+def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
+    """Refuse up front what the pipeline cannot do on verl (module docstring); `cfg` is the composed config."""
+    roll, alg = ours.rollout, ours.algorithm
+    check_pipeline(_pipeline_config(roll), alg.advantage, roll.context)
+    filters = build_filters(_container(roll.filters))
+    if (filters or roll.augment) and not cfg.trainer.use_v1:
+        raise ConfigError("rollout.filters / rollout.augment on verl need trainer.use_v1=true (a prompt's n "
+                          "sessions meet in one agent-loop worker only in verl's V1 trainer)")
+    multi_output = roll.augment or roll.context == "step"
+    partial = [f.name for f in filters if f.builtin is None or f.name not in WHOLE_GROUP_FILTERS]
+    if multi_output and partial:
+        raise ConfigError(f"rollout.filters: {partial[0]} can drop part of a group, which verl cannot leave out of its "
+                          "grpo when a session has several outputs (rollout.augment or rollout.context=step); "
+                          "only zero_variance combines with them on verl")
+    if roll.augment and alg.advantage != "grpo":
+        raise ConfigError(f"rollout.augment on verl works with algorithm.advantage=grpo only (verl gives a session's "
+                          f"outputs the session's advantage only for grpo); got {alg.advantage!r}")
+    for a in build_augmenters(_container(roll.augment)):
+        if a.name == "tool_prefix" and (a.kwargs.get("normalize", True) or a.kwargs.get("decay", 1.0) != 1.0):
+            raise ConfigError(f"{a.where}: verl has no per-sample weight; use tool_prefix with "
+                              "kwargs {normalize: false, decay: 1.0} on verl")
+    ds = roll.dynamic_sampling
+    if ds.min_groups is not None:
+        if ds.min_groups != ours.data.train_batch_size:
+            raise ConfigError(f"rollout.dynamic_sampling.min_groups={ds.min_groups}: verl's batch always holds "
+                              f"data.train_batch_size={ours.data.train_batch_size} groups; set them equal")
+        if cfg.trainer.v1.trainer_mode != "sync":
+            raise ConfigError("rollout.dynamic_sampling on verl needs trainer.v1.trainer_mode=sync (verl's async "
+                              "trainers refill on their own; use their algorithm.filter_groups)")
+        if cfg.trainer.v1.sampler.custom_sampler.path not in (None, _sampler_path()):
+            raise ConfigError("rollout.dynamic_sampling on verl installs its own trainer.v1.sampler.custom_sampler; "
+                              f"{cfg.trainer.v1.sampler.custom_sampler.path} is set already")
+
+
+def pipeline_values(ours: DictConfig) -> dict[str, Any]:
+    """verl key -> value for the pipeline (an addition to `config.verl_values`' table)."""
+    roll, values = ours.rollout, {}
+    if roll.filters and ours.algorithm.advantage in ("grpo", "rloo"):  # ours leave dropped rows out
+        values["algorithm.adv_estimator"] = registered_name(ours.algorithm.advantage)
+    if roll.dynamic_sampling.min_groups is not None:
+        values.update({
+            "trainer.v1.sampler.custom_sampler.path": _sampler_path(),
+            "trainer.v1.sampler.custom_sampler.name": SAMPLER_NAME,
+            "trainer.v1.sampler.sampler_kwargs.rl_factory": {
+                "train_batch_size": ours.data.train_batch_size,
+                "max_rounds": roll.dynamic_sampling.max_rounds,
+                "max_inflight_gen_batches": "${algorithm.filter_groups.max_inflight_gen_batches}"},
+        })
+    return values
+
+
+def _sampler_path() -> str:
+    return "pkg://rl_factory.backends.verl.pipeline"
+
+
+class PipelineGroups(ArenaGroups):
+    """The n sessions of a prompt meet; the last scores them all and runs the filters (module docstring)."""
+
+    def __init__(self, filters: list[Filter], reward_settings: dict[str, Any], arena: Any, tools: Any,
+                 out_dir: Path):
+        super().__init__(arena, None, tools, out_dir)
+        self.filters, self.reward_settings = filters, reward_settings
+
+    @classmethod
+    def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> PipelineGroups:
+        arena = ArenaGroups.from_config(ours, tools, out_dir).arena if ours.algorithm.advantage == "arena" else None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        settings = {"reward": _container(ours.reward), "tools": _container(ours.env.tools)}
+        return cls(build_filters(_container(ours.rollout.filters)), settings, arena, tools, out_dir)
+
+    async def _play(self, uid: str, entry: _Pending, step: int) -> dict[int, float]:
+        sessions = sorted(s for s, t in entry.trajs.items() if t is not None)
+        trajs = [entry.trajs[s] for s in sessions]
+        if not trajs:
+            return {}
+        await asyncio.gather(*(self._score(t) for t in trajs))
+        dropped = {f.name: 0 for f in self.filters}
+        kept, values, metrics = await apply_filters(self.filters, [Group(trajs[0].sample_index, trajs)],
+                                                    lambda groups: self._estimator_inputs(groups, step), dropped)
+        survivors = {id(t): v for g in kept for t, v in zip(g.trajectories, values)}
+        for s, t in zip(sessions, trajs):
+            t.reward_info[GROUP_KEY] = float(s) if kept else 0.0
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "uid": uid, **{f"filter/{k}/dropped": v for k, v in dropped.items()},
+                                **metrics}) + "\n")
+        # arena: the survivors' tournament scores; a dropped trajectory keeps its reward (it trains nothing)
+        return {s: survivors.get(id(t), t.reward) if self.arena is not None else t.reward
+                for s, t in zip(sessions, trajs)}
+
+    async def _score(self, traj: Trajectory) -> None:
+        """What verl's reward worker would compute: our compute_score on the trajectory's record."""
+        result = await compute_score(extra_info={RECORD_KEY: to_record(traj)}, rl_factory=self.reward_settings)
+        traj.reward, traj.reward_info = float(result["score"]), dict(result)  # = verl's reward_extra_info
+
+    async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
+        if self.arena is None or not groups:
+            return [t.reward for g in groups for t in g.trajectories], {}
+        if len(groups[0].trajectories) == 1:
+            return [0.0], {}  # nobody to play; a group of one gets no advantage anyway
+        return await self.arena.score_groups(groups, step)
+
+
+def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:
+    """The per-prompt rendezvous of an agent-loop worker: filters (and arena), arena alone, or none."""
+    if ours.rollout.filters:
+        where = "arena" if ours.algorithm.advantage == "arena" else "pipeline"
+        return PipelineGroups.from_config(ours, tools, output_dir / where / worker)
+    if ours.algorithm.advantage == "arena":
+        return ArenaGroups.from_config(ours, tools, output_dir / "arena" / worker)
+    return None
+
+
+_AUGMENTERS: dict[int, tuple[DictConfig, list]] = {}
+
+
+async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Trajectory:
+    """`traj` with the augmenters' views as its steps (training rollouts only; each view one output)."""
+    if validate or not config.rl_factory.rollout.augment:
+        return traj
+    if id(config) not in _AUGMENTERS:  # the entry holds the config, so its id cannot be reused
+        _AUGMENTERS[id(config)] = (config, build_augmenters(_container(config.rl_factory.rollout.augment)))
+    await augment(_AUGMENTERS[id(config)][1], [traj])
+    heavy = sorted({s.weight for s in traj.steps if s.weight != 1.0})
+    if heavy:
+        raise ValueError(f"sample {traj.sample_index}: rollout.augment made views of weight {heavy[0]}; verl has no "
+                         "per-sample weight, so on verl every view must weigh 1")
+    return traj
+
+
+def finish_outputs(outputs: Any, traj: Trajectory) -> Any:
+    """verl's outputs of `traj` after the group stage: a dropped trajectory trains no token; scores' extras."""
+    outs = outputs if isinstance(outputs, list) else [outputs]
+    if traj.dropped_by is not None:
+        for out in outs:
+            out.response_mask = [0] * len(out.response_mask)
+            out.extra_fields[DROPPED_KEY] = traj.dropped_by
+    if GROUP_KEY in traj.reward_info:  # scored here: this is what verl's reward worker would have returned
+        outs[-1].extra_fields["reward_extra_info"] = dict(traj.reward_info)
+    return outputs
+
+
+def _container(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def _pipeline_config(roll: DictConfig) -> PipelineConfig:
+    keys = ("filters", "augment", "dynamic_sampling")
+    return section({"rollout": {k: _container(roll[k]) for k in keys}}, "rollout", PipelineConfig)
+
+
+try:  # the sampler needs verl's V1 trainer (TransferQueue); the rest of this module does not
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+except ImportError:  # pragma: no cover - verl without its V1 dependencies
+    ReplayBuffer = object
+
+
+class RolloutReplayBuffer(ReplayBuffer):
+    """verl's sync V1 ReplayBuffer with DAPO group filtering on `GROUP_KEY`, capped at `max_rounds`.
+
+    verl builds it from `trainer.v1.sampler.custom_sampler` with the usual arguments; our settings come in
+    `sampler_kwargs.rl_factory` (train_batch_size, max_rounds, max_inflight_gen_batches).
+    """
+
+    def __init__(self, *args: Any, sampler_kwargs: Any, refill_fn: Any = None, **kwargs: Any):
+        ours = _container(sampler_kwargs["rl_factory"])
+        self.round_size, self.max_rounds = int(ours["train_batch_size"]), int(ours["max_rounds"])
+        self.refilled, self.capped = 0, False
+
+        def refill(num_prompts: int) -> Any:  # counts what this step drew beyond its first round
+            self.refilled += num_prompts
+            return refill_fn(num_prompts)
+
+        super().__init__(*args, sampler_kwargs=sampler_kwargs, refill_fn=refill, filter_groups_metric=GROUP_KEY,
+                         train_batch_size=self.round_size, gen_batch_size=1,
+                         max_inflight_gen_batches=int(ours.get("max_inflight_gen_batches") or 1), **kwargs)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        if partition_id == "val":
+            return super().sample(global_steps, partition_id, batch_size)
+        self.refilled, self.capped = 0, False
+        batch, metrics = super().sample(global_steps, partition_id, batch_size)
+        metrics = {**metrics, "rollout/refilled_prompts": float(self.refilled),
+                   "rollout/max_rounds_hit": float(self.capped)}
+        if self.capped:
+            log.warning("step %d: dynamic sampling refilled %d prompts (max_rounds=%d) and trains on groups the "
+                        "filters dropped", global_steps, self.refilled, self.max_rounds)
+        return batch, metrics
+
+    def _dapo_filtered_keys(self, partition_id: str) -> tuple[set[str], Counter]:
+        uids, counts = super()._dapo_filtered_keys(partition_id)
+        if partition_id != "val" and uids and self.refilled >= (self.max_rounds - 1) * self.round_size:
+            self.capped = True  # no more rounds: what finished is what the step trains on
+            return set(), Counter()
+        return uids, counts

@@ -1,0 +1,225 @@
+"""The rollout stage of an embedded training step: rounds of generation, filters, dynamic sampling.
+
+    batch = await pipeline.collect(step)   # rounds until enough groups survive the filters
+    await pipeline.augment(batch)          # training views of every kept trajectory
+
+One round draws prompts from the `PromptSampler`, rolls out n trajectories per prompt (scored as each
+finishes), runs the filters, computes what the estimator normalizes (outcome rewards, or for `arena`
+the tournament, played among the survivors only) and runs the scored filters (`zero_variance`) on it.
+Without `rollout.dynamic_sampling.min_groups` there is one round of `data.train_batch_size` prompts.
+With it, rounds go on until `min_groups` groups survive or `max_rounds` rounds were drawn (then the
+step trains on what survived, logs `rollout/max_rounds_hit` and warns). Round k > 1 draws
+ceil(missing / survival rate so far) prompts, at least the missing count and at most
+max(train_batch_size, missing): all prompts, even a whole first round's, if none survived yet. Every
+survivor trains (DAPO trims to exactly the batch size; the extra groups are already paid for).
+
+Reproducible on resume: prompts come from the run's one `PromptSampler`, whose position (advanced
+by every round) is saved in each checkpoint, so a resumed run draws the prompts the killed one would.
+
+Metrics across rounds: counts and seconds add up; keys ending in "/mean" or "_spearman" are averaged,
+weighted by each round's trajectory count.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_factory.config import ConfigError
+from rl_factory.data import PromptSampler
+from rl_factory.engines.base import SamplingParams
+from rl_factory.pipeline.augment import augment, build_augmenters
+from rl_factory.pipeline.filters import apply_filters, build_filters
+from rl_factory.rollout import Agent
+from rl_factory.types import Group, Trajectory
+from rewards.process import ProcessReward
+from rewards.scorer import RewardScorer
+
+log = logging.getLogger("rl_factory")
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """`rollout.dynamic_sampling.*`: draw more prompts until enough groups survive the filters."""
+
+    # groups that must survive the filters; None = off (one round of data.train_batch_size prompts)
+    min_groups: int | None = None
+    # rounds of drawing at most; the step then trains on what survived
+    max_rounds: int = 4
+
+
+@dataclass
+class PipelineConfig:
+    """The rollout pipeline's keys of `rollout.*`."""
+
+    filters: list[Any] = field(default_factory=list)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    augment: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    """What one step trains on, and everything it generated to get there.
+
+    Attributes:
+        groups: the groups with a survivor, holding only their survivors, in the order drawn.
+        trajectories: every trajectory of every round, dropped ones included (`dropped_by` set).
+        scores: [kept trajectories] tournament scores for `arena`, in group-then-trajectory order; else None.
+        metrics: rewards, filter/*, rollout/*, timing/* and arena/* of the step.
+    """
+
+    groups: list[Group]
+    trajectories: list[Trajectory]
+    scores: list[float] | None
+    metrics: dict[str, float]
+
+    @property
+    def kept(self) -> list[Trajectory]:
+        return [t for g in self.groups for t in g.trajectories]
+
+
+def check_pipeline(cfg: PipelineConfig, advantage: str, context: str) -> None:
+    """Refuse up front what the estimator or context policy cannot train with (ConfigError)."""
+    names = [f.name for f in build_filters(cfg.filters) if f.scored]
+    if names and advantage == "gae":
+        raise ConfigError(f"rollout.filters: {names[0]} drops groups whose rewards are all equal, but gae's advantages "
+                          "are not zero there (the critic's values differ): remove it or use a group estimator")
+    if cfg.augment and (context != "append" or advantage == "gae"):
+        what = f"rollout.context={context}" if context != "append" else "algorithm.advantage=gae"
+        raise ConfigError(f"rollout.augment needs rollout.context=append and an outcome estimator (got {what}): "
+                          "views are cut from one token stream and weight the trajectory's one advantage")
+    ds = cfg.dynamic_sampling
+    if ds.min_groups is not None and ds.min_groups < 1:
+        raise ConfigError(f"rollout.dynamic_sampling.min_groups must be >= 1 or null, got {ds.min_groups}")
+    if ds.max_rounds < 1:
+        raise ConfigError(f"rollout.dynamic_sampling.max_rounds must be >= 1, got {ds.max_rounds}")
+    build_augmenters(cfg.augment)
+
+
+class RolloutPipeline:
+    """Generation -> filters -> (dynamic sampling) -> augmentation for the embedded trainer.
+
+    Args:
+        cfg: the pipeline's `rollout.*` keys.
+        agent: rolls out trajectories (its env also backs the reward's `tools`).
+        rows, sampler: the training rows and the run's prompt sampler.
+        batch_size: prompts of the first round (`data.train_batch_size`).
+        group_size: trajectories per prompt (`rollout.n`).
+        params: sampling parameters of training rollouts.
+        reward: the run's reward; `max_concurrency`: reward calls at once.
+        process: per-turn rewards (their sum joins the outcome the estimator sees unless ignored).
+        arena: the tournament runner for `arena`, else None; `anchor_params` samples its greedy anchors.
+    """
+
+    def __init__(self, cfg: PipelineConfig, *, agent: Agent, rows: list[dict], sampler: PromptSampler,
+                 batch_size: int, group_size: int, params: SamplingParams, reward: Any, max_concurrency: int,
+                 process: ProcessReward, arena: Any = None, anchor_params: SamplingParams | None = None):
+        self.cfg, self.agent, self.rows, self.sampler = cfg, agent, rows, sampler
+        self.batch_size, self.group_size, self.params = batch_size, group_size, params
+        self.reward, self.max_concurrency, self.process = reward, max_concurrency, process
+        self.arena, self.anchor_params = arena, anchor_params
+        self.filters = build_filters(cfg.filters)
+        self.augmenters = build_augmenters(cfg.augment)
+
+    async def collect(self, step: int) -> Batch:
+        """Rounds of rollouts until enough groups survive the filters (see the module docstring)."""
+        target, max_rounds = self.cfg.dynamic_sampling.min_groups, self.cfg.dynamic_sampling.max_rounds
+        groups: list[Group] = []
+        scores: list[float] = []
+        trajs: list[Trajectory] = []
+        dropped = {f.name: 0 for f in self.filters}
+        rounds: list[tuple[int, dict[str, float]]] = []
+        drawn = 0
+        while True:
+            size = self._round_size(target, len(groups), drawn)
+            drawn += size
+            generated, metrics = await self._generate(size)
+            trajs += [t for g in generated for t in g.trajectories]
+            kept, values, more = await self._filter(generated, step, dropped)
+            groups += kept
+            scores += values
+            rounds.append((sum(len(g.trajectories) for g in generated), {**metrics, **more}))
+            if target is None or len(groups) >= target or len(rounds) >= max_rounds:
+                break
+        metrics = merge_rounds(rounds)
+        metrics.update({f"filter/{name}/dropped": float(n) for name, n in dropped.items()})
+        kept_trajs = sum(len(g.trajectories) for g in groups)
+        if dropped:
+            metrics["filter/kept_fraction"] = kept_trajs / len(trajs)
+        metrics.update({"rollout/prompts": float(drawn), "rollout/groups": float(len(groups)),
+                        "rollout/rounds": float(len(rounds)),
+                        "rollout/generated_tokens": float(sum(t.num_generated_tokens for t in trajs))})
+        if target is not None:
+            metrics["rollout/max_rounds_hit"] = float(len(groups) < target)
+            if len(groups) < target:
+                log.warning("step %d: dynamic sampling drew %d prompts in %d rounds (max_rounds) and kept %d of the "
+                            "%d groups asked for; training on those", step, drawn, len(rounds), len(groups), target)
+        return Batch(groups, trajs, scores if self.arena is not None else None, metrics)
+
+    async def augment(self, batch: Batch) -> dict[str, float]:
+        """Replace the kept trajectories' training samples by the augmenters' views (none: no change)."""
+        return await augment(self.augmenters, batch.kept)
+
+    def _round_size(self, target: int | None, kept: int, drawn: int) -> int:
+        if not drawn or target is None:
+            return self.batch_size
+        missing = target - kept
+        if kept == 0:
+            return max(self.batch_size, missing)
+        return min(max(self.batch_size, missing), max(missing, math.ceil(missing * drawn / kept)))
+
+    async def _generate(self, num_prompts: int) -> tuple[list[Group], dict[str, float]]:
+        """Draw prompts, roll out `group_size` trajectories each and score them (as each finishes)."""
+        t0 = time.perf_counter()
+        indices = self.sampler.next_indices(num_prompts)
+        samples = [self.rows[i] for i in indices]
+        scorer = RewardScorer(self.reward, tools=self.agent.env, max_concurrency=self.max_concurrency)
+        groups = await self.agent.rollout_groups(samples, indices, self.group_size, self.params,
+                                                 on_done=scorer.submit)
+        trajs = [t for g in groups for t in g.trajectories]
+        t1 = time.perf_counter()
+        metrics = await scorer.wait(trajs)  # the scoring still running when the last rollout ended
+        if self.process.enabled:  # per-turn rewards, on each turn's last generated token
+            per_turn = await asyncio.gather(*(self.process.score(t) for t in trajs))
+            metrics["reward/process/mean"] = sum(sum(r) for r in per_turn) / len(trajs)
+            metrics["reward/process/errors"], self.process.errors = self.process.errors, 0
+        return groups, {**metrics, "timing/rollout_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
+
+    async def _filter(self, groups: list[Group], step: int, dropped: dict[str, int]
+                      ) -> tuple[list[Group], list[float], dict[str, float]]:
+        """The survivors of every filter, their estimator inputs, and the tournament's metrics (arena)."""
+        return await apply_filters(self.filters, groups,
+                                   lambda kept: self._estimator_inputs(kept, step), dropped)
+
+    async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
+        """Per kept trajectory: the outcome reward the estimator sees, or (arena) its tournament score."""
+        if self.arena is None:
+            return [self.process.outcome(t) for g in groups for t in g.trajectories], {}
+        if not groups:
+            return [], {}
+        t0 = time.perf_counter()
+        anchors = None
+        if self.arena.needs_greedy_anchor:  # one extra greedy rollout per prompt
+            samples = [g.trajectories[0].sample for g in groups]
+            anchors = await self.agent.rollout_groups(samples, [g.sample_index for g in groups], 1,
+                                                      self.anchor_params)
+        scores, metrics = await self.arena.score_groups(groups, step, anchors)
+        return scores, {**metrics, "timing/arena_s": time.perf_counter() - t0}
+
+
+def merge_rounds(rounds: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """One dict from each round's metrics: sums, except "/mean" and "_spearman" keys (weighted means)."""
+    if len(rounds) == 1:
+        return dict(rounds[0][1])
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for n, metrics in rounds:
+        for key, value in metrics.items():
+            mean = key.endswith("/mean") or key.endswith("_spearman")
+            sums[key] = sums.get(key, 0.0) + (value * n if mean else value)
+            weights[key] = weights.get(key, 0.0) + n
+    return {k: (v / weights[k] if (k.endswith("/mean") or k.endswith("_spearman")) and weights[k] else v)
+            for k, v in sums.items()}
