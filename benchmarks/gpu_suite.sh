@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Every GPU measurement the README's verl table reports, on one GPU, one JSON line per measurement.
+#   bash benchmarks/gpu_suite.sh step        # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
+#   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together), then
+#                                            # verl checkpoint -> model merger -> main_eval.sh on the GPU
+#   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
+#   bash benchmarks/gpu_suite.sh large       # 4B shape full fine-tuning and LoRA; 8 turns of ~1k-token observations
+# Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
+# Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
+# estimators, losses and metrics logger through the verl.plugins entry point. Each verl job spends a few
+# minutes starting (Ray, FSDP, vLLM with CUDA graphs) before its first step.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+export PYTHON=$PY
+RESULTS=${RESULTS:-outputs/gpu_suite/results.jsonl}
+mkdir -p "$(dirname "$RESULTS")"
+# verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port
+SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_init.include_dashboard=false"
+
+learn_run() {  # name, overrides...: one verl run of the default job; its summary as a JSON line
+  local name=$1; shift
+  bash main_grpo.sh trainer.backend=verl trainer.n_gpus_per_node=1 trainer.output_dir=outputs/gpu_suite/$name \
+       $SHARED "$@" > outputs/gpu_suite/$name.log 2>&1
+  local code=$?
+  $PY - "$name" "$code" <<'PY' >> "$RESULTS"
+import json, sys
+from pathlib import Path
+name, code = sys.argv[1], int(sys.argv[2])
+run = Path("outputs/gpu_suite") / name
+lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+log = (Path("outputs/gpu_suite") / f"{name}.log").read_text(errors="replace")
+print(json.dumps({"bench": "verl_learn", "run": name, "exit_code": code, "traceback": "Traceback" in log,
+                  "val_accuracy": {m["step"]: m["val/accuracy"] for m in lines if "val/accuracy" in m},
+                  "step_s": [round(m["timing/step_s"], 2) for m in lines if "timing/step_s" in m],
+                  "rollout_probs_diff_mean": [m.get("training/rollout_probs_diff_mean") for m in lines if m["step"] > 0]}))
+PY
+}
+
+case "${1:-}" in
+  step)
+    $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
+  learn)
+    for seed in 0 1 2; do
+      learn_run seed$seed seed=$seed trainer.total_steps=20 trainer.eval_every=5 & sleep 15
+    done
+    # LoRA: rollout_probs_diff_mean (vLLM's sampling log-probs vs the actor's) stays small only if vLLM
+    # samples the updated adapter after every step
+    learn_run lora seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
+    wait
+    ckpt=$(ls -d outputs/gpu_suite/seed0/checkpoints/global_step_* | sort -V | tail -1)
+    $PY -m verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \
+        > outputs/gpu_suite/merge.log 2>&1
+    # the merger writes bf16; the tiny model is evaluated with fp32 compute on those weights
+    bash main_eval.sh model.path=outputs/gpu_suite/seed0/hf model.device=cuda model.dtype=float32 \
+         eval.output_dir=outputs/gpu_suite/seed0/eval > outputs/gpu_suite/eval.log 2>&1
+    $PY -c "import json; r = json.load(open('outputs/gpu_suite/seed0/eval/results.json')); print(json.dumps({'bench': 'verl_merged_eval', **r.get('metrics', r)}))" >> "$RESULTS" ;;
+  compare)
+    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())")
+    for loop in rl_factory verl_tool_agent; do
+      $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop $loop --out outputs/gpu_suite >> "$RESULTS"
+    done ;;
+  large)
+    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS"
+    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --lora-rank 64 --lr 1e-5 --out outputs/gpu_suite >> "$RESULTS"
+    $PY benchmarks/long_context.py --shape qwen3-0.6b --steps 2 --out outputs/gpu_suite >> "$RESULTS" ;;
+  *)
+    sed -n 2,11p "$0"; exit 2 ;;
+esac
+echo "results: $RESULTS"
