@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, Sampling
 from rl_factory.config import ConfigError, section
 from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
-from rl_factory.engines.base import SamplingParams
+from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
@@ -43,6 +43,7 @@ from rewards.process import ProcessReward
 from rewards.scorer import RewardScorer
 
 log = logging.getLogger("rl_factory")
+VAL_SEED_KEY = 1 << 32  # validation seeds apart from the training steps'
 
 
 @dataclass
@@ -113,7 +114,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
 
         async def validate(at_step: int) -> dict[str, float]:
-            metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
+            params = replace(val_params, seed=derive_seed(seed, VAL_SEED_KEY, at_step))
+            metrics, trajs = await evaluate(agent, reward_fn, val_rows, params, reward_cfg.success_threshold)
             agent.timing(), _engine_metrics(agent.engine)  # validation time is not a training step's
             if t_cfg.save_rollouts:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
@@ -134,7 +136,9 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP. Each one is
                 #    handed to the scorer as it finishes, so rewards run while the others still roll out.
                 scorer = RewardScorer(reward_fn, tools=env, max_concurrency=reward_cfg.max_concurrency)
-                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params, on_done=scorer.submit)
+                #    Sampling is seeded per step (and per trajectory and turn inside): same seed, same run.
+                step_params = replace(train_params, seed=derive_seed(seed, step))
+                groups = await agent.rollout_groups(samples, indices, roll_cfg.n, step_params, on_done=scorer.submit)
                 trajs = [t for g in groups for t in g.trajectories]
                 t1 = time.perf_counter()
                 # 3. Rewards: wait for the scoring still running (timing/reward_s is only this tail).
