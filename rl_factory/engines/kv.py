@@ -49,25 +49,29 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     """Attention over the slots' keys, as transformers' attention interface calls it.
 
     query [R, Hq, Q, D]; key/value [R, Hkv, width, D] (views into the slot buffers); the mask is
-    additive [R, 1, Q, width]. Returns [R, Q, Hq, D]. Decoding (Q = 1) attends through a reshape of
-    the grouped query heads onto their shared key/value head, one small matmul per (row, kv head):
-    no copy of the cache per query head, and a fixed shape per row whoever shares the batch.
-    Prefill (Q > 1) uses torch's fused attention, which does not materialize the scores.
+    additive [R, 1, Q, width]. Returns [R, Q, Hq, D]. The grouped query heads are reshaped onto
+    their shared key/value head (no copy of the cache per query head) and each (row, kv head) is one
+    matmul whose shape depends on that row's query count only. On CPU this path is always taken:
+    torch's fused CPU attention splits queries into blocks whose last one may be small enough to
+    switch kernels, which would make a row's bits depend on its neighbours' lengths. Elsewhere
+    (GPU, no bit-for-bit promise) prefill uses the fused kernel.
     """
     rows, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     scale = scaling if scaling is not None else dim ** -0.5
-    if q_len > 1:
+    if q_len > 1 and query.device.type != "cpu":
         key = key[:, :, None].expand(rows, kv_heads, group, *key.shape[2:]).reshape(rows, heads, *key.shape[2:])
         value = value[:, :, None].expand(rows, kv_heads, group, *value.shape[2:]).reshape(rows, heads, *value.shape[2:])
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                                scale=scale)
         return out.transpose(1, 2).contiguous(), None
-    q = query.reshape(rows, kv_heads, group, dim)
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scale + attention_mask  # [R, Hkv, group, width]
+    q = query.reshape(rows, kv_heads, group * q_len, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # [R, Hkv, group * Q, width]
+    scores = (scores.view(rows, kv_heads, group, q_len, -1) + attention_mask[:, :, None]).view(
+        rows, kv_heads, group * q_len, -1)
     out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(value.dtype), value)
-    return out.view(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
+    return out.view(rows, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
 class KVSlots:

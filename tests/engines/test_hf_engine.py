@@ -17,7 +17,9 @@ from rl_factory.engines.hf import HFEngine
 pytestmark = pytest.mark.anyio
 
 QUESTIONS = ["What is 3 + 4?", "What is 347 * 29?", "Please compute 1234 + 5678 for me, thanks.", "Hi",
-             "What is 12 * 12 * 12?", "What is 9 - 10?"]
+             "What is 12 * 12 * 12?", "What is 9 - 10?",
+             # long enough that prefills span several of the fused CPU attention's query blocks
+             "Please add these numbers one after the other and tell me the total: " + " + ".join(map(str, range(40)))]
 
 
 @pytest.fixture(scope="module")
