@@ -90,7 +90,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
         policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, tools, int(cfg.seed))
         agent = build_agent(policy, env, env_cfg, roll_cfg, engine=engine)
         async with closing_engine(agent):
-            params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens)
+            params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens, seed=int(cfg.seed))
             with _progress(len(rows) * e.n, e.progress) as bar:
                 metrics, trajs = await evaluate(agent, reward_fn, rows, params, reward_cfg.success_threshold, n=e.n,
                                                 on_done=bar)

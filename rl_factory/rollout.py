@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rl_factory.chat import ChatFormat
 from rl_factory.context import get_context_policy
-from rl_factory.engines.base import Engine, SamplingParams
+from rl_factory.engines.base import Engine, SamplingParams, derive_seed
 from rl_factory.types import Group, ToolResult, Trajectory, Turn
 
 TRUNCATION_MARKER = " ...[truncated]"
@@ -82,7 +82,8 @@ class Agent:
                 stop_reason = "max_tokens"
                 break
             t0 = time.perf_counter()
-            gen = await self.engine.generate(prompt, SamplingParams(params.temperature, params.top_p, budget))
+            turn_params = replace(params, max_new_tokens=budget, seed=derive_seed(params.seed, turn_index))
+            gen = await self.engine.generate(prompt, turn_params)
             self._spans["generate"].append((t0, time.perf_counter()))
             ctx.add_generation(gen)
             text = fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
@@ -117,14 +118,16 @@ class Agent:
         """All n trajectories of every sample, concurrently; returned grouped by sample.
 
         `on_done(traj)` is called as each trajectory finishes (the trainer starts scoring it there).
+        With `params.seed`, trajectory k of the sample at batch position j samples with its own seed
+        derived from (seed, sample index, j, k), so the result does not depend on which trajectory runs first.
         """
-        async def rollout_one(sample: dict, index: int) -> Trajectory:
-            traj = await self.rollout(sample, index, params)
+        async def rollout_one(sample: dict, index: int, position: int, k: int) -> Trajectory:
+            traj = await self.rollout(sample, index, replace(params, seed=derive_seed(params.seed, index, position, k)))
             if on_done is not None:
                 on_done(traj)
             return traj
 
-        tasks = [rollout_one(s, i) for s, i in zip(samples, indices) for _ in range(n)]
+        tasks = [rollout_one(s, i, j, k) for j, (s, i) in enumerate(zip(samples, indices)) for k in range(n)]
         trajs = await asyncio.gather(*tasks)
         return [Group(i, list(trajs[k * n: (k + 1) * n])) for k, i in enumerate(indices)]
 

@@ -21,6 +21,19 @@ from typing import Any
 from rl_factory.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
+# Keys that measure wall-clock time or how the engine happened to schedule work: they differ between
+# two runs of the same seed and config. Every other metric is reproducible on CPU (the embedded
+# engine samples from per-trajectory seeded streams with batch-invariant numerics; see engines/hf.py).
+#   timing/*          seconds spent per phase
+#   tool/latency_s/*  measured tool-call latency
+#   engine/*          busy seconds, tokens/s, and rows per decode step (which depends on when tool
+#                     results came back, not on what was generated)
+WALL_CLOCK_PREFIXES = ("timing/", "tool/latency_s/", "engine/")
+
+
+def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics` without the wall-clock keys: what two runs of the same seed and config share."""
+    return {k: v for k, v in metrics.items() if not k.startswith(WALL_CLOCK_PREFIXES)}
 
 
 class TrackingError(ValueError):

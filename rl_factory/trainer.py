@@ -17,7 +17,7 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, Sampling
 from rl_factory.config import ConfigError, section
 from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
-from rl_factory.engines.base import SamplingParams
+from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.lora import is_lora, load_adapter
 from rl_factory.pipeline import RolloutPipeline, check_pipeline
@@ -46,6 +46,7 @@ from rewards.combine import build_reward
 from rewards.process import ProcessReward
 
 log = logging.getLogger("rl_factory")
+VAL_SEED_KEY = 1 << 32  # validation seeds apart from the training steps'
 
 
 @dataclass
@@ -125,13 +126,14 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,
                                    batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
                                    reward=reward_fn, max_concurrency=reward_cfg.max_concurrency, process=process,
-                                   arena=arena, anchor_params=val_params)
+                                   arena=arena, anchor_params=val_params, seed=seed)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
 
         async def validate(at_step: int) -> dict[str, float]:
-            metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
+            params = replace(val_params, seed=derive_seed(seed, VAL_SEED_KEY, at_step))
+            metrics, trajs = await evaluate(agent, reward_fn, val_rows, params, reward_cfg.success_threshold)
             agent.timing(), _engine_metrics(agent.engine)  # validation time is not a training step's
             if t_cfg.save_rollouts:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
@@ -151,6 +153,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 #      roll out n trajectories per prompt (async, multi-turn, tools over MCP), score each as it
                 #      finishes, drop what should not train (rollout.filters); with rollout.dynamic_sampling,
                 #      more prompts until enough groups survive. For arena, each group's survivors play here.
+                #      Sampling is seeded per step and round (and per trajectory and turn inside).
                 batch = await pipeline.collect(step)
                 groups, trajs = batch.groups, batch.kept
                 # 4. Augment: the training samples of each kept trajectory (rollout.augment; default: itself).

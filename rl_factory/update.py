@@ -1,5 +1,9 @@
 """The policy-gradient update over one step's trajectories (mini-batches, micro-batches, KL).
 
+Micro-batches are buckets of similar length under a token budget (`optim.micro_batch_tokens`), each
+padded to its own longest sample only: one long trajectory costs about its own tokens, not a
+batch-wide widening, so step time follows the tokens trained rather than the longest trajectory.
+
 Trajectories whose advantage is exactly 0 (a GRPO group where every rollout got the same reward)
 contribute no policy gradient, so they are skipped unless a KL penalty needs them: on CPU this
 often halves the cost of an update without changing it.
@@ -49,6 +53,27 @@ class OptimConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 64
+    # Padded tokens (rows x longest row) per forward/backward; None = rows only (micro_batch_size)
+    micro_batch_tokens: int | None = 8192
+
+
+def micro_batches(samples: list, max_rows: int, max_tokens: int | None) -> list[list]:
+    """Split a mini-batch into micro-batches of similar length (bucketing), each padded only to its
+    own longest sample: at most `max_rows` samples and `max_tokens` padded tokens per micro-batch.
+
+    Samples are sorted by length (stable, so the split is a function of the samples alone), so a
+    long trajectory shares its padding with the next-longest ones instead of widening everyone's.
+    A sample longer than `max_tokens` gets a micro-batch of its own.
+    """
+    order = sorted(samples, key=lambda t: len(t.token_ids))
+    out: list[list] = []
+    for sample in order:
+        width = len(sample.token_ids)  # the longest so far: samples come shortest first
+        if out and len(out[-1]) < max_rows and (max_tokens is None or (len(out[-1]) + 1) * width <= max_tokens):
+            out[-1].append(sample)
+        else:
+            out.append([sample])
+    return out
 
 
 def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -118,8 +143,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
             mini = order[start: start + size]
             tokens = sum(sum(t.loss_mask) for t in mini)
             optimizer.zero_grad(set_to_none=True)
-            for m0 in range(0, len(mini), optim.micro_batch_size):
-                micro = mini[m0: m0 + optim.micro_batch_size]
+            for micro in micro_batches(mini, optim.micro_batch_size, optim.micro_batch_tokens):
                 b = collate(micro, pad_id, policy.device)
                 if value_head is None:
                     logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])

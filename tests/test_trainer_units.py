@@ -13,7 +13,7 @@ from rl_factory.config import ConfigError, load_config, section
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.rollout import RolloutConfig
 from rl_factory.types import Trajectory
-from rl_factory.update import AlgorithmConfig, OptimConfig, collate, update_policy
+from rl_factory.update import AlgorithmConfig, OptimConfig, collate, micro_batches, update_policy
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,53 @@ def test_update_skips_zero_advantage_trajectories(policy, base_policy):
     assert metrics == {"actor/trained_fraction": 0.0}
     for p, o in zip(untouched.model.parameters(), base_policy.model.parameters()):
         assert torch.equal(p, o)
+
+
+def test_micro_batches_bucket_by_length_under_a_token_budget():
+    class Sample:
+        def __init__(self, n):
+            self.token_ids = [0] * n
+
+    lengths = [30, 500, 31, 29, 120, 33, 118, 30]
+    samples = [Sample(n) for n in lengths]
+    batches = micro_batches(samples, max_rows=64, max_tokens=256)
+    assert sorted(len(s.token_ids) for b in batches for s in b) == sorted(lengths)  # nothing lost
+    for b in batches:
+        widths = [len(s.token_ids) for s in b]
+        assert len(b) * max(widths) <= 256 or len(b) == 1
+    # the long trajectory pads nobody but itself; the short ones share one micro-batch
+    assert [len(s.token_ids) for s in batches[-1]] == [500]
+    assert sorted(len(s.token_ids) for s in batches[0]) == [29, 30, 30, 31, 33]
+    padded = sum(len(b) * max(len(s.token_ids) for s in b) for b in batches)
+    assert padded < 1.1 * sum(lengths)  # vs. 8 * 500 = 4000 padded to the longest
+    assert [len(b) for b in micro_batches(samples, max_rows=3, max_tokens=None)] == [3, 3, 2]
+
+
+def test_bucketed_micro_batches_give_the_one_batch_gradient(policy, base_policy):
+    """Splitting by length under a token budget changes the cost, not the update: with plain SGD the
+    step equals the step of one micro-batch holding everything (token-weighted accumulation)."""
+    def step(trajs, **optim):
+        pol = copy.copy(base_policy)
+        pol.model = copy.deepcopy(base_policy.model)
+        optimizer = torch.optim.SGD(pol.model.parameters(), lr=0.5)
+        update_policy(pol, optimizer, constant_schedule(optimizer), trajs, AlgorithmConfig(),
+                      OptimConfig(grad_clip=1e9, **optim))
+        return pol
+
+    trajs = [make_traj(policy, "What is 347 * 29?", "The answer is 10063.", 1.0, 0),
+             make_traj(policy, "Hi", "ok", -0.5, 1),
+             make_traj(policy, "What is 1234 + 5678?", "Let me think. " * 12 + "6912.", -1.0, 2),
+             make_traj(policy, "What is 2 + 2?", "4", 0.7, 3)]
+    widths = sorted(len(t.token_ids) for t in trajs)
+    budget = 2 * widths[1]  # the two shortest together, the others alone
+    assert [len(b) for b in micro_batches(trajs, 64, budget)] == [2, 1, 1]
+    split = step(trajs, micro_batch_tokens=budget)
+    whole = step(trajs, micro_batch_tokens=None)
+    moved = False
+    for p, q, o in zip(split.model.parameters(), whole.model.parameters(), base_policy.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+        moved |= not torch.equal(p, o)
+    assert moved
 
 
 def test_collate_right_pads_into_aligned_tensors(policy):

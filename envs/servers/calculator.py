@@ -8,10 +8,12 @@ int when the division is exact, else a float shown with 12 significant digits.
 
 Run: `python -m envs.servers.calculator` (stdio, what the manifest uses) or
 `python -m envs.servers.calculator --transport streamable-http --port 8000` (URL `/mcp`).
+`--latency-ms 200` makes every call take that much longer (benchmarks: a slow tool, same schema).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ast
 import math
 import operator
@@ -105,8 +107,11 @@ def format_number(value: int | float) -> str:
     return str(value)
 
 
-def build_server():
-    """The MCP server object (imported lazily so `evaluate` works without the server stack)."""
+def build_server(latency_s: float = 0.0):
+    """The MCP server object (imported lazily so `evaluate` works without the server stack).
+
+    `latency_s` delays every answer (without blocking other calls), to stand in for a slow tool.
+    """
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
@@ -117,6 +122,8 @@ def build_server():
     @server.tool()
     async def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression with + - * / // % ** and parentheses."""
+        if latency_s:
+            await asyncio.sleep(latency_s)
         try:
             return format_number(evaluate(expression))
         except CalculatorError as err:
@@ -130,8 +137,9 @@ def main() -> None:
     parser.add_argument("--transport", choices=["stdio", "streamable-http", "sse"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay every answer (benchmarks)")
     args = parser.parse_args()
-    server = build_server()
+    server = build_server(args.latency_ms / 1000)
     serve(server, args.transport, args.host, args.port)  # stdio without the SDK's per-message thread hops
 
 

@@ -4,16 +4,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import numpy as np
+
 from rl_factory.registry import Registry
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one turn. `temperature == 0` means greedy."""
+    """How to sample one turn. `temperature == 0` means greedy.
+
+    `seed` makes sampling reproducible: an engine that honours it (the embedded one does) draws the
+    request's tokens from a stream of its own, so the same seed gives the same tokens whatever else
+    is being generated at the time. The rollout derives one seed per trajectory and turn from the
+    trainer's per-step seed (`derive_seed`); None = the engine's global generator.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
+    seed: int | None = None
+
+
+def derive_seed(seed: int | None, *keys: int) -> int | None:
+    """A child seed for `keys` (e.g. sample index, rollout, turn): well mixed, stable across runs."""
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([k % (1 << 64) for k in (seed, *keys)]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 @dataclass

@@ -1,10 +1,26 @@
 """The embedded engine: a Hugging Face causal LM with continuous batching, on CPU or one GPU.
 
-Rollout tasks call `generate` concurrently. One decode thread keeps a running batch with a shared
-KV cache and advances every row by one token per step; a request that arrives mid-decode is
-prefilled and *joins the running batch at the next step* (its cache is left-padded to the batch's
-length and concatenated), and a finished row leaves at once. So a trajectory back from its tool
-call never waits for the rest of the batch, and the engine stays busy while tools run.
+Rollout tasks call `generate` concurrently. One decode thread keeps a running batch and advances
+every row by one token per step; a request that arrives mid-decode is prefilled and joins the
+running batch at the next step, and a finished row leaves at once. So a trajectory back from its
+tool call never waits for the rest of the batch, and the engine stays busy while tools run.
+
+How it differs from a padded `generate()` loop, and why:
+
+* **Ragged KV slots** (`rl_factory/engines/kv.py`). Each row owns a slot of per-layer key/value
+  buffers and keeps its tokens at positions 0..len-1 (right-padded), so a row joins or leaves by
+  copying its own slot only; the batch is never re-padded or concatenated as rows come and go.
+* **Prefix reuse across turns.** When a row stops, its cache is kept under its token ids; the
+  next turn of that trajectory (the same ids plus the tool observation) prefills only the
+  observation. Identical prompts arriving together (the n rollouts of one prompt) are prefilled
+  once. Kept caches are dropped as soon as the weights change (an optimizer step).
+* **Reproducible with any arrival order.** What a row computes never depends on which other rows
+  share its batch: sampling draws from the request's own seeded stream (`SamplingParams.seed`,
+  inverse-CDF on one uniform per token), and every forward is shaped so that CPU kernels reduce
+  each row the same way whatever its neighbours: key lengths are whole multiples of `KV_BLOCK`,
+  and a forward has at least `min_rows()` rows and queries (BLAS picks other kernels below). The
+  same seeds therefore give the same tokens, log-probs and caches however tool latencies reorder
+  the requests. `tests/engines/test_hf_engine.py` checks it bit for bit.
 
 Rows may differ in temperature, top-p and token budget. The log-prob of every sampled token under
 softmax(logits / temperature) is recorded (temperature 1 for greedy rows), the quantity the trainer
@@ -15,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import queue
 import threading
 import time
@@ -23,8 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from transformers import AttentionInterface
 
 from rl_factory.engines.base import Generation, SamplingParams, register_engine
+from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention
+
+RAGGED_ATTENTION = "rl_factory_ragged"
+AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
 
 
 @dataclass
@@ -35,6 +55,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop = field(repr=False)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         def settle():
@@ -50,28 +71,32 @@ class HFEngine:
     Args:
         model: a causal LM (its weights are shared with the trainer: generation is on-policy).
         eos_token_id: the end-of-turn token; a row stops after generating it.
-        pad_token_id: used for left padding inside the batch.
+        pad_token_id: fills unused query positions.
         max_batch_size: rows decoded together; further requests join as rows finish.
         batch_wait_s: when the engine is idle, how long the first request waits for company before
             prefill (0 is fine: later arrivals join the running batch anyway).
         autocast: context-manager factory for mixed precision (the policy's).
+        prefix_cache: keep each stopped row's cache for the trajectory's next turn.
+        admit_every: while rows decode, newly arrived requests are prefilled together at most every
+            this many decode steps (1 = at once).
     """
 
     def __init__(self, model, eos_token_id: int, pad_token_id: int, max_batch_size: int = 64,
-                 batch_wait_s: float = 0.002, autocast: Callable[[], Any] = contextlib.nullcontext):
+                 batch_wait_s: float = 0.002, autocast: Callable[[], Any] = contextlib.nullcontext,
+                 prefix_cache: bool = True, admit_every: int = 4):
         self.model = model
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.autocast = autocast
-        # transformers renamed `past_key_values` to `cache`; use whichever this version takes.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.prefix_cache = prefix_cache
+        self.admit_every = admit_every
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.stats = {"batches": 0, "rows": 0}  # prefills (joins) and rows prefilled
+        # admissions ("batches"), requests admitted ("rows"), prompt tokens prefilled vs. reused from a cache
+        self.stats = {"batches": 0, "rows": 0, "prefill_tokens": 0, "reused_tokens": 0}
         self.max_rows = 0  # largest running batch seen (tests check that joins happen mid-decode)
         self.counters = {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
 
@@ -106,20 +131,21 @@ class HFEngine:
     # ---- the decode thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        batch = _Batch(self)
+        batch, pending, waited = _Batch(self), [], 0
         while True:
-            block = not batch.rows
+            block = not batch.rows and not pending
             try:
                 first = self._inbox.get(block=block, timeout=None if block else 0)
             except queue.Empty:
                 first = False
             if first is None:  # close()
-                batch.fail(RuntimeError("engine closed"))
+                batch.fail(RuntimeError("engine closed"), extra=pending)
                 return
-            arrivals = [] if first is False else [first]
+            if first is not False:
+                pending.append(first)
             if block and self.batch_wait_s:
                 time.sleep(self.batch_wait_s)
-            while len(batch.rows) + len(arrivals) < self.max_batch_size:
+            while True:
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
@@ -127,7 +153,15 @@ class HFEngine:
                 if item is None:
                     self._inbox.put(None)
                     break
-                arrivals.append(item)
+                pending.append(item)
+            # Each prefill is a forward of its own: while rows decode, requests coming back from their
+            # tools wait up to `admit_every` steps to be prefilled together (results do not depend on it).
+            room = self.max_batch_size - len(batch.rows)
+            admit = room > 0 and pending and (not batch.rows or waited >= self.admit_every or len(pending) >= room)
+            arrivals, pending = (pending[:room], pending[room:]) if admit else ([], pending)
+            waited = 0 if admit or not pending else waited + 1
+            if not arrivals and not batch.rows:
+                continue
             try:
                 start = time.perf_counter()
                 with torch.no_grad(), self.autocast():
@@ -136,53 +170,94 @@ class HFEngine:
                     batch.step()
                 self.counters["busy_s"] += time.perf_counter() - start
             except Exception as exc:  # fail the callers, keep serving new requests
-                batch.fail(exc)
-                batch = _Batch(self)
+                batch.fail(exc, extra=arrivals)
+                batch = _Batch(self, prefixes=batch.prefixes)
 
 
 class _Batch:
-    """The running batch: its rows, their shared KV cache and the logits of each row's next token."""
+    """The running batch: its rows (row i lives in KV slot i) and each row's next-token logits."""
 
-    def __init__(self, engine: HFEngine):
+    def __init__(self, engine: HFEngine, prefixes: PrefixStore | None = None):
         self.e = engine
+        self.model = engine.model
+        self.device = next(self.model.parameters()).device
         self.rows: list[_Request] = []
-        self.cache = None
-        self.attn: torch.Tensor | None = None  # [B, L] 1 on real tokens (rows are left-padded)
-        self.logits: torch.Tensor | None = None  # [B, V] for each row's next token
+        self.kv = KVSlots(self.device)
+        self.logits: torch.Tensor | None = None  # [len(rows), V]
+        self.prefixes = prefixes or PrefixStore(self.model)
+        self.head = self.model.get_output_embeddings()
+        self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        layer_types = getattr(self.model.config, "layer_types", None) or []
+        self.sliding_window = self.model.config.sliding_window if "sliding_attention" in layer_types else None
+        self.min_rows = min_rows()
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.e.model.parameters()).device
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, last: torch.Tensor) -> torch.Tensor:
+        """Run `ids` [R, Q] at `positions` [R, Q] for the rows in slots start..start+R-1, writing their
+        keys/values there; returns the logits [R, V] at query index `last` [R] of each row."""
+        width = self.kv.width(int(positions.max()) + 1)
+        masks = attention_masks(positions, width, self.sliding_window)
+        config, was_training = self.model.config, self.model.training
+        # The trainer's forwards keep the model's own attention; only the engine's use the slots.
+        attention = config._attn_implementation
+        config._attn_implementation = RAGGED_ATTENTION
+        self.model.eval()
+        try:
+            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=True, attention_mask=masks,
+                                        past_key_values=self.kv.writer(start, len(ids), positions, width))
+        finally:
+            config._attn_implementation = attention
+            self.model.train(was_training)
+        hidden = out.last_hidden_state[torch.arange(len(ids), device=self.device), last]
+        return self._logits(hidden)
 
-    def _forward(self, ids: torch.Tensor, attn: torch.Tensor, position: torch.Tensor, cache):
-        was_training = self.e.model.training
-        self.e.model.eval()
-        out = self.e.model(input_ids=ids, attention_mask=attn, position_ids=position, use_cache=True,
-                           **{self.e._cache_arg: cache})
-        self.e.model.train(was_training)
-        return out.logits[:, -1, :].float(), getattr(out, self.e._cache_arg)
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = len(hidden)
+        if rows < self.min_rows:  # the LM head's matmul must see enough rows (batch-invariant kernels)
+            hidden = torch.cat([hidden, hidden[:1].expand(self.min_rows - rows, -1)])
+        logits = self.head(hidden)[:rows].float()
+        if self.softcap:  # Gemma-style final logit soft-capping
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def join(self, reqs: list[_Request]) -> None:
-        """Prefill new requests and merge them into the running batch."""
-        self.e.stats["batches"] += 1
-        self.e.stats["rows"] += len(reqs)
-        width = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((len(reqs), width), self.e.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            attn[i, width - len(r.prompt_ids):] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        position = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(ids, attn, position, None)
-        if not self.rows:
-            self.rows, self.cache, self.attn, self.logits = list(reqs), cache, attn, logits
-            return
-        length = max(self.attn.shape[1], width)
-        _merge_caches(self.cache, cache, length)
-        self.attn = torch.cat([_left_pad(self.attn, length), _left_pad(attn, length)])
-        self.logits = torch.cat([self.logits, logits])
-        self.rows += reqs
+        """Prefill new requests (only what no kept cache covers) and add them to the batch.
+
+        Identical prompts (the n rollouts of one prompt) are prefilled once and copied.
+        """
+        e = self.e
+        e.stats["batches"] += 1
+        e.stats["rows"] += len(reqs)
+        for r in reqs:
+            r.uniforms = _uniforms(r.params)
+        groups: dict[tuple[int, ...], list[_Request]] = {}
+        for r in reqs:
+            groups.setdefault(tuple(r.prompt_ids), []).append(r)
+        first, unique = len(self.rows), len(groups)
+        self.kv.reserve(first + len(reqs), 0)
+        starts = []
+        for slot, key in enumerate(groups, start=first):
+            hit = self.prefixes.take(key) if e.prefix_cache else None
+            starts.append(self.kv.load(slot, hit) if hit is not None else 0)
+        suffixes = [key[s:] for key, s in zip(groups, starts)]
+        e.stats["prefill_tokens"] += sum(len(s) for s in suffixes)
+        e.stats["reused_tokens"] += sum(starts)
+        # enough query tokens for batch-invariant kernels (padding queries write scratch positions)
+        width = max(max(len(s) for s in suffixes), 4, -(-self.min_rows // unique))
+        ids = torch.full((unique, width), e.pad_token_id, dtype=torch.long)
+        for i, s in enumerate(suffixes):
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        start = torch.tensor(starts, dtype=torch.long)
+        positions = start[:, None] + torch.arange(width)[None, :]
+        last = torch.tensor([len(s) - 1 for s in suffixes])
+        logits = self._forward(ids.to(self.device), positions.to(self.device), first, last.to(self.device))
+        self.kv.lengths[first:first + unique] = start + last + 1
+        # Slots: the unique prompts first, then a copy of its twin's slot for every duplicate.
+        twins = [(first + i, r) for i, group in enumerate(groups.values()) for r in group[1:]]
+        if twins:
+            self.kv.copy([s for s, _ in twins], list(range(first + unique, first + unique + len(twins))))
+            logits = torch.cat([logits, logits[torch.tensor([s - first for s, _ in twins], device=self.device)]])
+        self.rows += [group[0] for group in groups.values()] + [r for _, r in twins]
+        self.logits = logits if first == 0 else torch.cat([self.logits, logits])
 
     def step(self) -> None:
         """Sample one token for every row, retire finished rows, and run the next forward."""
@@ -190,83 +265,75 @@ class _Batch:
         counters["decode_steps"] += 1
         counters["row_steps"] += len(self.rows)
         self.e.max_rows = max(self.e.max_rows, len(self.rows))
-        tokens, logprobs = _sample_rows(self.logits, [r.params for r in self.rows])
-        keep = []
+        tokens, logprobs = _sample_rows(self.logits, self.rows)
+        done = []
         for i, (req, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
             req.ids.append(tok)
             req.logprobs.append(lp)
             counters["tokens"] += 1
             if tok == self.e.eos_token_id:
+                if self.e.prefix_cache:  # the trajectory's next turn starts with exactly these ids
+                    self.prefixes.put(tuple(req.prompt_ids + req.ids), self.kv.save(i))
                 req.resolve(Generation(req.ids, req.logprobs, "stop"))
+                done.append(i)
             elif len(req.ids) >= req.params.max_new_tokens:
                 req.resolve(Generation(req.ids, req.logprobs, "length"))
-            else:
-                keep.append(i)
-        if not keep:
-            self.rows, self.cache, self.attn, self.logits = [], None, None, None
+                done.append(i)
+        if done:
+            order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
+            self.rows = [self.rows[i] for i in order]
+            tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]
+        if not self.rows:
+            self.logits = None
             return
-        if len(keep) < len(self.rows):
-            index = torch.tensor(keep, device=self.device)
-            self.cache.batch_select_indices(index)
-            self.rows = [self.rows[i] for i in keep]
-            self.attn, tokens = self.attn[index], tokens[index]
-            self._trim()
-        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
-        position = self.attn.sum(-1, keepdim=True) - 1
-        self.logits, self.cache = self._forward(tokens[:, None], self.attn, position, self.cache)
+        # One token per row; spare slots pad the forward to min_rows rows (their output is dropped).
+        live, n = len(self.rows), max(len(self.rows), self.min_rows)
+        self.kv.reserve(n, 0)
+        ids = torch.full((n, 1), self.e.pad_token_id, dtype=torch.long, device=self.device)
+        ids[:live, 0] = tokens
+        positions = self.kv.lengths[:n, None].to(self.device)
+        last = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.logits = self._forward(ids, positions, 0, last)[:live]
+        self.kv.lengths[:live] += 1
 
-    def _trim(self) -> None:
-        """Drop cache columns that are padding for every remaining row (they only cost compute)."""
-        pad = int((self.attn.cumsum(-1) == 0).sum(-1).min())
-        if pad > 0:
-            self.attn = self.attn[:, pad:]
-            for layer in _layers(self.cache):
-                layer.keys, layer.values = layer.keys[:, :, pad:], layer.values[:, :, pad:]
-
-    def fail(self, exc: BaseException) -> None:
-        for req in self.rows:
+    def fail(self, exc: BaseException, extra: list[_Request] = ()) -> None:
+        for req in [*self.rows, *extra]:
             req.resolve(error=exc)
         self.rows = []
 
 
-def _layers(cache) -> list:
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise RuntimeError("this transformers version's KV cache has no per-layer tensors to merge")
-    return layers
+def _uniforms(params: SamplingParams) -> torch.Tensor | None:
+    """The request's own random stream: one uniform in (0, 1] per token it may sample."""
+    if params.temperature <= 0:
+        return None
+    gen = torch.Generator()
+    gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
+    return 1.0 - torch.rand(params.max_new_tokens, generator=gen, dtype=torch.float64)
 
 
-def _left_pad(t: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:
-    missing = length - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def _merge_caches(running, new, length: int) -> None:
-    """Append the rows of `new` to `running` in place, left-padding both to `length` positions."""
-    for a, b in zip(_layers(running), _layers(new)):
-        a.keys = torch.cat([_left_pad(a.keys, length, 2), _left_pad(b.keys, length, 2)])
-        a.values = torch.cat([_left_pad(a.values, length, 2), _left_pad(b.values, length, 2)])
-
-
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_rows(logits: torch.Tensor, rows: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row with that row's temperature/top-p; its log-prob under softmax(logits / T).
 
-    Greedy rows (temperature 0) take the argmax and report its log-prob at temperature 1.
+    Sampled rows invert the CDF of their (top-p filtered) distribution at the row's next uniform, so
+    a token depends only on the row's logits and its own stream. Greedy rows (temperature 0) take
+    the argmax and report its log-prob at temperature 1.
     """
+    params = [r.params for r in rows]
     temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
     greedy = temps <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)
-    probs = logprobs.exp()
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device, dtype=logits.dtype)
-    if bool((top_p < 1.0).any()):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p[:, None]  # always keeps the top token
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-    sampled = torch.multinomial(probs, 1).squeeze(-1)
-    token = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    token = logits.argmax(dim=-1)
+    if not bool(greedy.all()):
+        probs = logprobs.exp()
+        top_p = torch.tensor([p.top_p for p in params], device=logits.device, dtype=logits.dtype)
+        if bool((top_p < 1.0).any()):
+            sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+            keep = (sorted_p.cumsum(-1) - sorted_p) < top_p[:, None]  # always keeps the top token
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+        u = torch.tensor([float(r.uniforms[len(r.ids)]) if r.uniforms is not None else 1.0 for r in rows],
+                         device=logits.device, dtype=torch.float64)
+        cdf = probs.double().cumsum(-1)
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+        token = torch.where(greedy, token, sampled)
     return token, logprobs.gather(-1, token[:, None]).squeeze(-1)

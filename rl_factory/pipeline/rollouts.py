@@ -25,12 +25,12 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl_factory.config import ConfigError
 from rl_factory.data import PromptSampler
-from rl_factory.engines.base import SamplingParams
+from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.pipeline.augment import augment, build_augmenters
 from rl_factory.pipeline.filters import apply_filters, build_filters
 from rl_factory.rollout import Agent
@@ -112,15 +112,19 @@ class RolloutPipeline:
         reward: the run's reward; `max_concurrency`: reward calls at once.
         process: per-turn rewards (their sum joins the outcome the estimator sees unless ignored).
         arena: the tournament runner for `arena`, else None; `anchor_params` samples its greedy anchors.
+        seed: the run's seed; round r of step s samples with a seed derived from (seed, s, r), so a
+            prompt drawn again in a later round does not repeat its rollouts.
     """
 
     def __init__(self, cfg: PipelineConfig, *, agent: Agent, rows: list[dict], sampler: PromptSampler,
                  batch_size: int, group_size: int, params: SamplingParams, reward: Any, max_concurrency: int,
-                 process: ProcessReward, arena: Any = None, anchor_params: SamplingParams | None = None):
+                 process: ProcessReward, arena: Any = None, anchor_params: SamplingParams | None = None,
+                 seed: int | None = None):
         self.cfg, self.agent, self.rows, self.sampler = cfg, agent, rows, sampler
         self.batch_size, self.group_size, self.params = batch_size, group_size, params
         self.reward, self.max_concurrency, self.process = reward, max_concurrency, process
         self.arena, self.anchor_params = arena, anchor_params
+        self.seed = seed  # each round's sampling seed derives from it (same seed, same run)
         self.filters = build_filters(cfg.filters)
         self.augmenters = build_augmenters(cfg.augment)
 
@@ -136,7 +140,7 @@ class RolloutPipeline:
         while True:
             size = self._round_size(target, len(groups), drawn)
             drawn += size
-            generated, metrics = await self._generate(size)
+            generated, metrics = await self._generate(size, derive_seed(self.seed, step, len(rounds)))
             trajs += [t for g in generated for t in g.trajectories]
             kept, values, more = await self._filter(generated, step, dropped)
             groups += kept
@@ -171,13 +175,13 @@ class RolloutPipeline:
             return max(self.batch_size, missing)
         return min(max(self.batch_size, missing), max(missing, math.ceil(missing * drawn / kept)))
 
-    async def _generate(self, num_prompts: int) -> tuple[list[Group], dict[str, float]]:
+    async def _generate(self, num_prompts: int, seed: int | None) -> tuple[list[Group], dict[str, float]]:
         """Draw prompts, roll out `group_size` trajectories each and score them (as each finishes)."""
         t0 = time.perf_counter()
         indices = self.sampler.next_indices(num_prompts)
         samples = [self.rows[i] for i in indices]
         scorer = RewardScorer(self.reward, tools=self.agent.env, max_concurrency=self.max_concurrency)
-        groups = await self.agent.rollout_groups(samples, indices, self.group_size, self.params,
+        groups = await self.agent.rollout_groups(samples, indices, self.group_size, replace(self.params, seed=seed),
                                                  on_done=scorer.submit)
         trajs = [t for g in groups for t in g.trajectories]
         t1 = time.perf_counter()
