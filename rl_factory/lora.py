@@ -42,8 +42,9 @@ def is_lora(model: Any) -> bool:
 
 
 def trunk(model: Any) -> Any:
-    """The transformer body (no LM head) of a plain or peft-wrapped causal LM."""
-    base = model.get_base_model() if is_lora(model) else model
+    """The transformer body (no LM head) of a plain causal LM, a peft `PeftModel`, or a model whose
+    adapters transformers injected in place (a LoRA checkpoint loaded with `from_pretrained`)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.base_model
 
 

@@ -83,3 +83,24 @@ def test_lora_run_saves_evaluates_and_resumes(tiny_model_dir, tmp_path, marked_m
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in (run_dir / "train.log").read_text()
     assert [m["step"] for m in metrics_lines(run_dir)] == [0, 1, 2, 3]
+
+
+def test_an_engine_that_cannot_drive_the_model_fails_requests_instead_of_hanging(tiny_model_dir):
+    import pytest
+
+    from rl_factory.engines.hf import HFEngine
+
+    class NoHead(torch.nn.Module):  # not a causal LM: the engine cannot build its batch state
+        config = None
+
+    engine = HFEngine(NoHead(), eos_token_id=0, pad_token_id=0)
+
+    async def generate():
+        try:
+            return await asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(0.0, 1.0, 4)), timeout=30)
+        finally:
+            await engine.close()
+
+    with pytest.raises(Exception) as info:
+        asyncio.run(generate())
+    assert "cannot drive this model" in str(info.value)

@@ -42,6 +42,7 @@ from transformers import AttentionInterface
 
 from rl_factory.engines.base import Generation, SamplingParams, register_engine
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention
+from rl_factory.lora import trunk
 
 RAGGED_ATTENTION = "rl_factory_ragged"
 AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
@@ -131,7 +132,14 @@ class HFEngine:
     # ---- the decode thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        batch, pending, waited = _Batch(self), [], 0
+        try:
+            batch = _Batch(self)
+        except Exception as exc:  # a model this engine cannot drive: every request gets the error, none hangs
+            error = RuntimeError(f"the hf engine cannot drive this model: {type(exc).__name__}: {exc}")
+            while (req := self._inbox.get()) is not None:
+                req.resolve(error=error)
+            return
+        pending, waited = [], 0
         while True:
             block = not batch.rows and not pending
             try:
@@ -186,6 +194,7 @@ class _Batch:
         self.logits: torch.Tensor | None = None  # [len(rows), V]
         self.prefixes = prefixes or PrefixStore(self.model)
         self.head = self.model.get_output_embeddings()
+        self.body = trunk(self.model)  # the transformer without its LM head (under LoRA: the adapted one)
         self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
         layer_types = getattr(self.model.config, "layer_types", None) or []
         self.sliding_window = self.model.config.sliding_window if "sliding_attention" in layer_types else None
@@ -202,7 +211,7 @@ class _Batch:
         config._attn_implementation = RAGGED_ATTENTION
         self.model.eval()
         try:
-            out = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=True, attention_mask=masks,
+            out = self.body(input_ids=ids, position_ids=positions, use_cache=True, attention_mask=masks,
                                         past_key_values=self.kv.writer(start, len(ids), positions, width))
         finally:
             config._attn_implementation = attention
