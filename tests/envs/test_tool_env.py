@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
 
-from envs import ToolEnv, ToolEnvError, get_parser
+from envs import ToolEnv, ToolEnvError, ToolLimits, get_parser
 from envs.servers.calculator import build_server
 from envs.tool_env import render_result
 from rl_factory.types import ToolCall
@@ -28,7 +28,8 @@ async def env(tmp_path_factory, write_manifest, slow_server):
         "slow": slow_server(timeout_s=0.5)})
     with mock.patch.dict(os.environ):
         os.environ.pop("PYTHONPATH", None)
-        tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs")
+        # These tests batch many calls to test concurrency, not a model's turn: lift the per-turn cap.
+        tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs", limits=ToolLimits(max_calls_per_turn=64))
     async with tool_env:
         await tool_env.list_tools()
         yield tool_env
@@ -216,7 +217,7 @@ def marked_pids(marker: str) -> set[int]:
 async def test_lazy_start_happens_once(tmp_path, write_manifest, slow_server):
     marker = f"lazy-{os.getpid()}-{time.monotonic_ns()}"
     path = write_manifest(tmp_path, {"slow": slow_server(env={"RLF_TEST_MARK": marker})})
-    async with ToolEnv.from_manifest(path) as env:
+    async with ToolEnv.from_manifest(path, limits=ToolLimits(max_calls_per_turn=20)) as env:
         await asyncio.sleep(0.2)
         assert marked_pids(marker) == set()  # entering starts nothing
         with pytest.raises(RuntimeError, match="list_tools"):
