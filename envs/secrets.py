@@ -194,7 +194,8 @@ def for_workers(data: Any) -> Any:
     """An *unresolved* config container to hand to processes that print it (verl's TaskRunner prints
     the resolved config): each known secret value becomes the escaped `${oc.env:VAR}` reference it
     came from, and references to secret variables are escaped, so printing shows the reference and
-    the value is read from the environment where it is used (the manifest loader, `expand_env`).
+    the value is read from the environment where it is used (by the manifest loader, or by OmegaConf
+    once the worker has resolved its copy).
     Literal credentials have no variable to point to: they are masked, with a warning naming the key."""
     names = {r[len("${oc.env:"):-1] for _, r in _protected if r.startswith("${oc.env:")}
 
@@ -210,17 +211,6 @@ def for_workers(data: Any) -> Any:
                            re.sub(r"\\(?=\$\{oc\.env:)", "", text))
 
     return _map_strings(data, None, scrub)
-
-
-def expand_env(value: Any) -> Any:
-    """`value` with `${oc.env:VAR}` / `${oc.env:VAR,default}` references in its strings resolved."""
-    def expand(text: str) -> str:
-        def one(match: re.Match) -> str:
-            name = match.group(1)
-            default = match.group(0)[len("${oc.env:") + len(name):-1].removeprefix(",")
-            return os.environ.get(name, default if "," in match.group(0) else match.group(0))
-        return ENV_REF.sub(one, text) if "${oc.env:" in text else text
-    return _map_strings(value, expand)
 
 
 def _leaves(data: Any, path: tuple[str, ...] = ()):

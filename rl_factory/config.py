@@ -35,8 +35,9 @@ def load_config(name: str, overrides: list[str], config_dir: str | Path | None =
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = compose(config_name=name, overrides=list(overrides))
         secrets.note_config_secrets(OmegaConf.to_container(cfg, resolve=False))
-        OmegaConf.resolve(cfg)
         _keep_manifest_env_refs(cfg)
+        OmegaConf.resolve(cfg)
+        _keep_manifest_env_refs(cfg)  # resolving un-escapes them
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(str(exc), config_dir, name)) from None
     return cfg

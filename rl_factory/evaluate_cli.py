@@ -16,7 +16,7 @@ from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
-from rewards.combine import build_reward
+from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
 REPORTED = ["accuracy", "reward/mean", "num_turns/mean", "tool/call_rate", "tool/success_rate"]
@@ -73,7 +73,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
     env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
     roll_cfg = section(cfg, "rollout", SamplingConfig)
-    reward_fn = build_reward(reward_cfg)
+    reward_fn = build_scorer(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     out = _output_dir(e, model_cfg.path)
     async with open_env(env_cfg, log_dir=out / "tool_logs") as env:

@@ -38,9 +38,7 @@ from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
-from rewards.combine import build_reward
-from rewards.process import ProcessReward
-from rewards.scorer import RewardScorer
+from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
 
@@ -79,10 +77,10 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
-    reward_fn = build_reward(reward_cfg)  # reward.function, or reward.functions with weights
-    process = _build_process(reward_cfg)  # per-turn rewards (reward.process); off by default
+    # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
+    scorer = build_scorer(reward_cfg)
     use_critic = _needs_critic(alg, roll_cfg)  # gae: a value head trained alongside the policy
-    arena = _build_arena(alg, reward_fn)  # None unless the estimator ranks rollouts by tournament
+    arena = _build_arena(alg, scorer)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
@@ -92,6 +90,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     async with open_env(env_cfg, log_dir=run.path / "tool_logs") as env, arena or contextlib.nullcontext():
         # Servers start here, not on entering: a task without tools starts none.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
+        scorer.use_tools(env)  # a reward that names `tools` calls the run's tools
         value_head = build_value_head(alg.critic, policy.model) if use_critic else None
         param_groups = [{"params": list(policy.model.parameters())}]
         if value_head is not None:  # the critic learns at its own rate
@@ -113,7 +112,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
 
         async def validate(at_step: int) -> dict[str, float]:
-            metrics, trajs = await evaluate(agent, reward_fn, val_rows, val_params, reward_cfg.success_threshold)
+            metrics, trajs = await evaluate(agent, scorer, val_rows, val_params, reward_cfg.success_threshold)
             agent.timing(), _engine_metrics(agent.engine)  # validation time is not a training step's
             if t_cfg.save_rollouts:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
@@ -133,16 +132,12 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 samples = [train_rows[i] for i in indices]
                 # 2. Roll out n trajectories per prompt: async, multi-turn, tools over MCP. Each one is
                 #    handed to the scorer as it finishes, so rewards run while the others still roll out.
-                scorer = RewardScorer(reward_fn, tools=env, max_concurrency=reward_cfg.max_concurrency)
                 groups = await agent.rollout_groups(samples, indices, roll_cfg.n, train_params, on_done=scorer.submit)
                 trajs = [t for g in groups for t in g.trajectories]
                 t1 = time.perf_counter()
-                # 3. Rewards: wait for the scoring still running (timing/reward_s is only this tail).
+                # 3. Rewards (and per-turn process rewards): wait for the scoring still running
+                #    (timing/reward_s is only this tail).
                 reward_stats = await scorer.wait(trajs)
-                if process.enabled:  # per-turn rewards, on each turn's last generated token
-                    per_turn = await asyncio.gather(*(process.score(t) for t in trajs))
-                    reward_stats["reward/process/mean"] = float(np.mean([sum(r) for r in per_turn]))
-                    reward_stats["reward/process/errors"], process.errors = process.errors, 0
                 t2 = time.perf_counter()
                 # 4. Advantages from the registry (one value per trajectory, broadcast over its tokens).
                 #    A ranking estimator (arena) first gets tournament scores: one judged tournament per group.
@@ -157,7 +152,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
                     critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
                 else:
-                    assign_advantages(alg.advantage, groups, rewards=[process.outcome(t) for t in trajs],
+                    assign_advantages(alg.advantage, groups, rewards=[scorer.outcome(t) for t in trajs],
                                       scores=scores, **alg.advantage_options)
                 # 5. Policy update with the registered policy loss (plus the value loss with a critic).
                 actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
@@ -185,6 +180,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                         extra={VALUE_HEAD_FILE: value_head.state_dict()} if value_head is not None else None)
             progress.close()
         tracker.close()
+    scorer.close()  # reward worker processes, if any
     return run.finish(history, step)
 
 
@@ -221,13 +217,6 @@ def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
     if alg.critic.type != "value_head":
         raise ConfigError(f"algorithm.critic.type: unknown critic {alg.critic.type!r} (valid: value_head)")
     return True
-
-
-def _build_process(reward_cfg: RewardConfig) -> ProcessReward:
-    try:
-        return ProcessReward(reward_cfg.process, on_error=reward_cfg.on_error)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def _engine_metrics(engine) -> dict[str, float]:
