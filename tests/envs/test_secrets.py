@@ -80,7 +80,10 @@ def test_config_yaml_masks_an_inline_manifest(tmp_path):
     cfg = load_config("grpo", [f"env.tools={inline}"])
     # The config keeps the reference; the manifest loader resolves it where the tools open.
     assert cfg.env.tools.mcpServers.calc.env.SERVICE_KEY == "${oc.env:RLF_TEST_API_KEY}"
-    assert load_manifest(dict(cfg.env.tools)).servers["calc"].env["SERVICE_KEY"] == SECRET
+    from rl_factory.components import EnvConfig
+    from rl_factory.config import section
+
+    assert load_manifest(section(cfg, "env", EnvConfig).tools).servers["calc"].env["SERVICE_KEY"] == SECRET
     text = yaml.safe_dump(redacted(cfg))
     assert_clean(text)
     assert yaml.safe_load(text)["env"]["tools"]["mcpServers"]["calc"]["env"] == {
