@@ -46,6 +46,7 @@ TERMINATE_GRACE_S = 2.0  # after closing stdin, then again after SIGTERM (the SD
 TOO_LARGE = -32097  # our JSON-RPC error code for a dropped oversized message
 ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
 HEAD_BYTES = 4096  # kept of a dropped message, to find its request id
+SSE_SLACK_BYTES = 64 * 1024
 
 
 def too_large_message(size: int, limit: int) -> str:
@@ -252,8 +253,11 @@ def http_client(conn: MCPServerConnection, headers: dict[str, str] | None = None
     # many alive as calls may be in flight: httpx's default of 20 reconnected per call past 20 in
     # flight (5x slower; benchmarks/README.md). `max_concurrency` bounds the total.
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=conn.spec.max_concurrency)
+    # A little above the SSE event cap, so an oversized event is reported by the SDK's own event
+    # decoder (which answers its request) rather than by a broken stream.
+    line_cap = conn.max_message_bytes + SSE_SLACK_BYTES
     return httpx2.AsyncClient(
-        headers=headers, auth=auth, transport=CappedTransport(conn.max_message_bytes, limits=limits),
+        headers=headers, auth=auth, transport=CappedTransport(line_cap, limits=limits),
         timeout=timeout or httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
 
 
