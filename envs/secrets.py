@@ -173,6 +173,11 @@ def keep_env_refs(raw: Any) -> Any:
     return _map_strings(raw, lambda s: re.sub(r"(?<!\\)\$\{oc\.env:", r"\\${oc.env:", s))
 
 
+def unescape_env_refs(raw: Any) -> Any:
+    """The inverse of `keep_env_refs`, for display."""
+    return _map_strings(raw, lambda s: s.replace("\\${oc.env:", "${oc.env:"))
+
+
 def redact_config(data: Any, path: tuple[str, ...] = ()) -> Any:
     """A resolved config container safe to print or write: secret-named values and inline-manifest
     credentials masked (`***`, or the `${oc.env:VAR}` they came from), known secrets replaced in

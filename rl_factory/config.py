@@ -100,6 +100,8 @@ def redacted(cfg: DictConfig | dict, resolve: bool = True) -> dict:
     secret-named values and an inline manifest's `env`/`headers` values masked, a secret that came
     from `${oc.env:VAR}` shown as that reference, wherever it appears."""
     data = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
+    if isinstance(cfg, DictConfig) and not resolve:  # show escaped references as they resolve: ${oc.env:VAR}
+        data = secrets.unescape_env_refs(data)
     return secrets.redact_config(data)
 
 
