@@ -42,6 +42,7 @@ from mcp.types import CallToolResult, Tool
 
 from envs.cache import ResultCache
 from envs.functions import load_function_tools
+from envs.limits import ToolLimits, clip_bytes
 from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
 from envs.parsers.safe_json import repair_text
@@ -62,25 +63,6 @@ CONTENT_RENDERERS: dict[str, Callable[[Any], str]] = {
     "resource_link": lambda c: f"[resource: {c.uri}]",
     "resource": lambda c: f"[resource: {c.resource.uri}]",
 }
-
-
-@dataclass(frozen=True)
-class ToolLimits:
-    """`env.max_calls_per_turn` and `env.max_tool_output_bytes` (see the module docstring)."""
-
-    max_calls_per_turn: int = 16
-    max_output_bytes: int = 64 * 1024
-
-    def __post_init__(self) -> None:
-        if self.max_calls_per_turn < 1:
-            raise ValueError(f"env.max_calls_per_turn must be >= 1, got {self.max_calls_per_turn}")
-        if self.max_output_bytes < 256:
-            raise ValueError(f"env.max_tool_output_bytes must be >= 256, got {self.max_output_bytes}")
-
-    @property
-    def wire_bytes(self) -> int:
-        """Largest message a transport reads whole: room for JSON escaping and structured copies."""
-        return max(1 << 20, 16 * self.max_output_bytes)
 
 
 class ToolSource(Protocol):
@@ -374,20 +356,6 @@ def render_result(result: CallToolResult) -> str:
     if not has_text and result.structured_content is not None:
         parts.insert(0, json.dumps(result.structured_content, ensure_ascii=False))
     return "\n".join(p for p in parts if p)
-
-
-def clip_bytes(text: str, max_bytes: int) -> str:
-    """`text` cut to about `max_bytes` of UTF-8: its head and tail around a visible marker."""
-    if len(text) <= max_bytes // 4:  # 4 bytes per character at most: no need to encode
-        return text
-    data = text.encode("utf-8")
-    if len(data) <= max_bytes:
-        return text
-    head, tail = max_bytes // 2, max_bytes - max_bytes // 2
-    dropped = len(data) - head - tail
-    # errors="ignore" drops the partial characters the cuts may leave at the edges.
-    return (data[:head].decode("utf-8", "ignore") + f"\n[... {dropped} bytes truncated ...]\n"
-            + data[-tail:].decode("utf-8", "ignore"))
 
 
 def _failure(call: ToolCall, kind: str, message: str, server: str | None = None,

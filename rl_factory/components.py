@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from envs import ToolEnv, get_parser
-from envs.tool_env import ToolLimits
+from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
 from rl_factory.engines.hf import HFEngine

@@ -1,7 +1,6 @@
 """ToolEnv against real MCP servers (the calculator and tests/fakes/slow_server.py) as subprocesses."""
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from envs import ToolEnv, ToolEnvError, ToolLimits, get_parser
 from envs.servers.calculator import build_server
 from envs.tool_env import render_result
 from rl_factory.types import ToolCall
+from tests.fakes.net import free_port, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
@@ -145,14 +145,12 @@ async def test_server_that_cannot_start(tmp_path, write_manifest, log_dir):
 
 
 async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     script = slow_server()["args"][0]
     proc = subprocess.Popen([sys.executable, script, "--transport", "streamable-http", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        await _wait_for_port(port)
+        await wait_for_port(port)
         path = write_manifest(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp",
                                                  "tools": {"include": ["sleep", "pid"]}}})
         async with ToolEnv.from_manifest(path) as env:
@@ -166,19 +164,6 @@ async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest,
     finally:
         proc.kill()
         proc.wait()
-
-
-async def _wait_for_port(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
 
 
 async def test_empty_env():

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from envs import ToolEnv, ToolEnvError, ToolLimits
 from rl_factory.types import ToolCall
 from tests.fakes.hostile_http import hostile_server
+from tests.fakes.net import free_port, wait_for_port
 
 pytestmark = pytest.mark.anyio
 SECRET = "sk-live-" + "7c1e9a24b3d8"
@@ -54,24 +54,6 @@ def huge(mib: int) -> str:
 def rss_mib() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"nothing listens on port {port}"
-            await asyncio.sleep(0.05)
 
 
 async def test_a_32_mib_stdio_result_is_dropped_while_read(tmp_path, write_manifest, fault_server):

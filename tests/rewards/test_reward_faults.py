@@ -179,3 +179,25 @@ def test_judge_transport_failures_go_to_on_judge_failure():
 
         result = asyncio.run(play())
     assert result.failures == 3 and all(m.failed for m in result.matches)
+
+
+def test_the_verl_reward_worker_goes_through_the_same_scorer(rewards_file, tmp_path):
+    """verl's reward workers call `compute_score`: the run's executor, types, on_error and timeout apply."""
+    from rl_factory.backends.verl.records import RECORD_KEY, to_record
+    from rl_factory.backends.verl.reward import compute_score
+
+    per_turn = tmp_path / "per_turn.py"
+    per_turn.write_text("import time\ndef slow(text):\n    time.sleep(5)\n    return 1.0\n")
+
+    def score(function, completion, **reward):
+        settings = {"reward": {"function": f"{rewards_file}:{function}", "on_error": "zero", "executor": "thread",
+                               **reward}, "tools": None}
+        return asyncio.run(compute_score("x", "ignored", "42", extra_info={
+            RECORD_KEY: to_record(make_traj(completion)), "index": 0}, rl_factory=settings))
+
+    assert score("calls_exit", "fine")["score"] == 1.0
+    assert score("calls_exit", "exit")["score"] == 0.0  # SystemExit: a reward error, not a dead worker
+    assert score("as_string", "fine")["score"] == 0.0  # "0.9" is not a score
+    # the per-turn process reward runs under reward.timeout_s too (it used to wait however long it took)
+    slow = score("calls_exit", "fine", timeout_s=0.2, process={"function": f"{per_turn}:slow"})
+    assert slow["score"] == 1.0 and slow["reward/process/errors"] == 1.0
