@@ -10,8 +10,9 @@ a server's stdout, 8 MiB answers, tool errors; assistant turns that are adversar
 sometimes raises, calls `exit()` or returns a string. Each trajectory is checked: it must come back
 with its turns, a result for every call and a reward.
 
-After every round it samples this process's open file descriptors, its live child processes (and
-their descendants) and its RSS. It prints one JSON line: the counts by outcome, the samples, and
+After every round it samples this process's open file descriptors (and how many are sockets: an HTTP
+server's keep-alive pool fills up to its `max_concurrency`, 16 here, before it levels off), its live
+child processes (and their descendants; the two stdio servers when all is well) and its RSS. It prints one JSON line: the counts by outcome, the samples, and
 `*_growth` (last round minus the first, so the servers' start-up is not counted as growth).
 
     .venv/bin/python benchmarks/soak.py                                  # 1,000 x 8, four servers
@@ -85,9 +86,11 @@ async def soak(args: argparse.Namespace) -> dict:
                  "restart": {"backoff_s": 0.05, "max_backoff_s": 0.5}}
         manifest = {"mcpServers": {
             "s0": stdio, "s1": stdio,
-            "s2": {"url": f"http://127.0.0.1:{http_port}/mcp", "timeout_s": args.timeout_s, "prefix": True},
+            # max_concurrency also sizes an HTTP server's keep-alive pool: the sockets it may hold idle
+            "s2": {"url": f"http://127.0.0.1:{http_port}/mcp", "timeout_s": args.timeout_s, "prefix": True,
+                   "max_concurrency": 16},
             "s3": {"url": f"http://127.0.0.1:{sse_port}/sse", "transport": "sse", "timeout_s": args.timeout_s,
-                   "prefix": True}}}
+                   "prefix": True, "max_concurrency": 16}}}
         async with ToolEnv.from_manifest(manifest) as env:
             tools = await env.list_tools()
             return await run_rounds(args, rng, env, ChatFormat(tokenizer, tools), tokenizer, servers)
@@ -100,22 +103,24 @@ async def soak(args: argparse.Namespace) -> dict:
 async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
     cfg = RolloutConfig(max_turns=args.turns, max_response_tokens=1 << 20, max_total_tokens=1 << 22,
                         max_tool_response_tokens=64)
-    agent = Agent(ScriptedEngine(tokenizer, lambda ids, turn: assistant_turn(rng, args, turn)), env, fmt,
-                  get_parser("hermes"), cfg)
+    parser = get_parser("hermes")
     scorer = Scorer([Component("flaky", RewardFn(flaky_reward))], on_error="zero", executor="thread")
     slots = asyncio.Semaphore(args.concurrency)
     outcomes: collections.Counter[str] = collections.Counter()
     exceptions: collections.Counter[str] = collections.Counter()  # escaped a rollout: must stay empty
-    samples = {"fds": [], "processes": [], "rss_mib": []}
+    samples = {"fds": [], "sockets": [], "processes": [], "rss_mib": []}
     lost, done = 0, 0
     params = SamplingParams(temperature=1.0, max_new_tokens=1 << 20)
     start = time.perf_counter()
 
     async def one(i: int) -> bool:
         async with slots:
+            # One engine and agent per trajectory, as in training: the scripted engine keeps every prompt.
+            engine = ScriptedEngine(tokenizer, lambda ids, turn: assistant_turn(rng, args, turn))
+            agent = Agent(engine, env, fmt, parser, cfg)
             traj = await agent.rollout({"messages": [{"role": "user", "content": f"task {i}"}]}, i, params)
             await scorer.score(traj)
-        outcomes["reward_errors"] += "reward_error" in traj.reward_info
+        outcomes["reward_errors"] += any(k.endswith("reward_error") for k in traj.reward_info)
         return complete(traj, args.turns)
 
     per_round = -(-args.trajectories // args.rounds)
@@ -126,7 +131,9 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
         done += len(results)
         exceptions.update(type(r).__name__ for r in results if isinstance(r, BaseException))
         await asyncio.sleep(0.5)  # let killed children be reaped before counting
-        samples["fds"].append(len(os.listdir("/proc/self/fd")))
+        fds = open_fds()
+        samples["fds"].append(sum(fds.values()))
+        samples["sockets"].append(fds["socket"])
         samples["processes"].append(len(descendants(os.getpid())) - len(http_servers))
         samples["rss_mib"].append(round(rss_mib(), 1))
     metrics = env.metrics()
@@ -175,6 +182,17 @@ def complete(traj, turns: int) -> bool:
     *middle, last = traj.turns
     return (all(len(t.tool_results) == len(t.tool_calls) for t in middle)
             and len(last.tool_results) in (0, len(last.tool_calls)))
+
+
+def open_fds() -> collections.Counter[str]:
+    """This process's open fds by kind: socket, pipe, anon_inode, or the file's path."""
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            kinds[os.readlink(f"/proc/self/fd/{fd}").split(":")[0]] += 1
+        except OSError:
+            continue  # the fd listing itself, closed meanwhile
+    return kinds
 
 
 def descendants(pid: int) -> list[int]:
