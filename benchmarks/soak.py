@@ -111,7 +111,7 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
     samples = {"fds": [], "sockets": [], "processes": [], "rss_mib": []}
     lost, done = 0, 0
     params = SamplingParams(temperature=1.0, max_new_tokens=1 << 20)
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
 
     async def one(i: int) -> bool:
         async with slots:
@@ -142,7 +142,8 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
     return {"benchmark": "soak", "trajectories": done, "turns": args.turns, "servers": 4,
             "lost_trajectories": lost, "exceptions": dict(exceptions), "tool_calls": int(metrics.get("tool/calls", 0)),
             "tool_errors": errors, "reward_errors": outcomes["reward_errors"],
-            "wall_s": round(time.perf_counter() - start, 1), **samples,
+            "wall_s": round(time.perf_counter() - start, 1), "loadavg_1m": [load_start, os.getloadavg()[0]],
+            "cpus": os.cpu_count(), **samples,
             "fds_growth": samples["fds"][-1] - samples["fds"][0],
             "processes_growth": samples["processes"][-1] - samples["processes"][0],
             "rss_growth_mib": round(samples["rss_mib"][-1] - samples["rss_mib"][0], 1)}

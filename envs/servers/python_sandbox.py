@@ -44,13 +44,12 @@ from typing import Annotated
 
 from pydantic import BaseModel
 
+from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
 from envs.servers.isolation import (MISSING_IN_PROCESS_MODE, MODES, PidsCgroup, namespace_command, parse_status,
                                     probe_namespaces)
 from envs.servers.stdio import serve
 
-MAX_DRAIN_BYTES = 16 << 20  # per stream; past this the run is killed rather than read forever
 MAX_CODE_CHARS = 200_000
-READ_CHUNK = 1 << 16
 DRAIN_AFTER_EXIT_S = 2.0  # process mode: an escaped grandchild may hold the pipes open: stop reading then
 
 # Runs inside the child: limits (process mode; in namespaces mode the namespace's init set them), the
@@ -146,35 +145,6 @@ class RunResult(BaseModel):
     duration_s: float
 
 
-class _Capture:
-    """Keeps a stream's first and last bytes (max_bytes in all) and counts what it drops."""
-
-    def __init__(self, max_bytes: int):
-        self.head_max, self.tail_max = max_bytes // 2, max_bytes - max_bytes // 2
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_max - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        self.tail += chunk
-        if len(self.tail) > self.tail_max:
-            del self.tail[:len(self.tail) - self.tail_max]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.head) + len(self.tail)
-
-    def text(self) -> str:
-        head, tail = self.head.decode(errors="replace"), self.tail.decode(errors="replace")
-        if not self.truncated:
-            return head + tail
-        dropped = self.total - len(self.head) - len(self.tail)
-        return f"{head}\n[... {dropped} bytes truncated ...]\n{tail}"
-
-
 def _child_env(workdir: str) -> dict[str, str]:
     # Nothing of the server's environment (API keys, ...) reaches the code.
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
@@ -188,14 +158,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
-
-
-async def _drain(stream: asyncio.StreamReader, capture: _Capture, on_flood) -> None:
-    while chunk := await stream.read(READ_CHUNK):
-        capture.add(chunk)
-        if capture.total > MAX_DRAIN_BYTES:
-            on_flood()
-            return
 
 
 async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
@@ -224,9 +186,9 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
             killed_for.append("output_limit")
             _kill_group(proc.pid)
 
-        out, err = _Capture(cfg.max_output_bytes), _Capture(cfg.max_output_bytes)
-        readers = [asyncio.create_task(_drain(proc.stdout, out, flood)),
-                   asyncio.create_task(_drain(proc.stderr, err, flood))]
+        out, err = Capture(cfg.max_output_bytes), Capture(cfg.max_output_bytes)
+        readers = [asyncio.create_task(drain(proc.stdout, out, flood)),
+                   asyncio.create_task(drain(proc.stderr, err, flood))]
         try:
             proc.stdin.write(code.encode("utf-8", "replace"))
             await proc.stdin.drain()

@@ -13,7 +13,8 @@ import pytest
 from mcp import Client
 
 from envs import ToolEnv
-from envs.servers.python_sandbox import SandboxConfig, _Capture, build_server, run_code
+from envs.servers.capture import Capture
+from envs.servers.python_sandbox import SandboxConfig, build_server, run_code
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -175,7 +176,7 @@ async def test_cancelled_run_leaves_no_process(tmp_path):
 
 
 def test_capture_keeps_head_and_tail():
-    capture = _Capture(10)
+    capture = Capture(10)
     for chunk in (b"01234", b"56789"):
         capture.add(chunk)
     assert (capture.text(), capture.truncated) == ("0123456789", False)
