@@ -69,13 +69,15 @@ def main() -> None:
     parser.add_argument("--adversarial", type=float, default=0.05, help="share of turns that are adversarial text")
     parser.add_argument("--timeout-s", type=float, default=1.0, help="per-call timeout of every server")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None, help="a model directory (default: the embedded model, "
+                                                          "built and cached on first use)")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(soak(args))))
 
 
 async def soak(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
-    tokenizer = await load_tokenizer()
+    tokenizer = await load_tokenizer(args.tokenizer)
     http_port, sse_port = free_port(), free_port()
     servers = [subprocess.Popen([sys.executable, str(SERVER), "--transport", transport, "--port", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -237,15 +239,17 @@ async def wait_for_ports(*ports: int, timeout_s: float = 30.0) -> None:
                 await asyncio.sleep(0.05)
 
 
-async def load_tokenizer():
-    """The embedded model's tokenizer (the model is built and cached on first use)."""
+async def load_tokenizer(path: str | None):
+    """The tokenizer of `path`, else the embedded model's (the model is built and cached on first use)."""
     from transformers import AutoTokenizer
 
     from rl_factory.policy import resolve_model_path
 
-    async with ToolEnv.from_manifest(CALCULATOR_MANIFEST) as calculator:
-        tools = await calculator.list_tools()
-    path = resolve_model_path("builtin:tiny-calculator", tools, seed=0, log=lambda *a: print(*a, file=sys.stderr))
+    if path is None:
+        async with ToolEnv.from_manifest(CALCULATOR_MANIFEST) as calculator:
+            tools = await calculator.list_tools()
+        path = resolve_model_path("builtin:tiny-calculator", tools, seed=0,
+                                  log=lambda *a: print(*a, file=sys.stderr))
     return AutoTokenizer.from_pretrained(path)
 
 

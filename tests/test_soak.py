@@ -8,12 +8,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_small_soak_loses_nothing_and_leaks_nothing():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--trajectories", "30",
-                          "--turns", "4", "--rounds", "3", "--concurrency", "15", "--adversarial", "0.15"],
+def test_a_small_soak_loses_nothing_and_leaks_nothing(tiny_model_dir):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--trajectories", "24",
+                          "--turns", "4", "--rounds", "3", "--concurrency", "12", "--adversarial", "0.15",
+                          "--tokenizer", str(tiny_model_dir)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["trajectories"] == 30 and result["lost_trajectories"] == 0 and result["exceptions"] == {}
-    assert result["tool_calls"] > 60 and result["tool_errors"]  # faults were injected and counted
-    assert result["processes_growth"] == 0 and result["fds_growth"] <= 2
+    assert result["trajectories"] == 24 and result["lost_trajectories"] == 0 and result["exceptions"] == {}
+    assert result["tool_calls"] > 40 and result["tool_errors"]  # faults were injected and counted
+    # at most the two stdio servers (one may be between a crash and its restart when sampled)
+    assert max(result["processes"]) <= 2 and result["fds"][-1] <= result["fds"][0] + 3

@@ -77,8 +77,9 @@ def _traj(text: str, answer) -> Trajectory:
 ])
 def test_reward_on_hand_made_completions(text, total):
     reward = build_scorer(RewardConfig(functions=FUNCTIONS))
-    value, info = asyncio.run(reward.score(_traj(text, ["Litherk", "Litherk, Naimunmark"])))
-    assert value == pytest.approx(total) and set(info) == {"correct", "format"}
+    traj = _traj(text, ["Litherk", "Litherk, Naimunmark"])
+    value = asyncio.run(reward.score(traj))
+    assert value == pytest.approx(total) and set(traj.reward_info) == {"correct", "format"}
 
 
 def test_split_is_seeded(rows):
