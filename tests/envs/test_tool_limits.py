@@ -9,7 +9,6 @@ result or on a server's stderr never reaches the rollouts or tool_logs.
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
