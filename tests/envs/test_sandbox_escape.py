@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 
 from envs import ToolEnv, ToolEnvError
+from envs.servers.isolation import probe_namespaces
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
+NAMESPACES_WORK = probe_namespaces() is None
+needs_namespaces = pytest.mark.skipif(not NAMESPACES_WORK, reason="user namespaces are not available here "
+                                      "(the server refuses to start: see the last test)")
 SANDBOX = ["-m", "envs.servers.python_sandbox", "--memory-mb", "256", "--cpu-seconds", "5", "--timeout-s", "20"]
 
 
@@ -75,6 +79,7 @@ def host_dir(repo_root):
     shutil.rmtree(path, ignore_errors=True)
 
 
+@needs_namespaces
 async def test_the_host_is_read_only(env, host_dir):
     tmp_path = host_dir
     target = tmp_path / "reward.py"  # stands for the reward file and the project tree
@@ -95,6 +100,7 @@ async def test_the_host_is_read_only(env, host_dir):
     assert await run(env, "import os\nprint(os.listdir('/tmp'))") == "[]\n[exit code 0]"
 
 
+@needs_namespaces
 async def test_a_run_cannot_see_or_kill_a_sibling_run(env):
     marker = f"rlfv{uuid.uuid4().hex[:8]}"
     victim = (f"import time\nopen('/proc/self/comm', 'w').write({marker!r})\n"
@@ -110,6 +116,7 @@ async def test_a_run_cannot_see_or_kill_a_sibling_run(env):
     assert attacker_result.startswith("found 0") and victim_result == "survived\n[exit code 0]"
 
 
+@needs_namespaces
 async def test_a_forked_setsid_child_dies_with_its_run(env):
     marker = f"rlfo{uuid.uuid4().hex[:8]}"
     code = ("import os, time\n"
@@ -126,10 +133,14 @@ async def test_a_forked_setsid_child_dies_with_its_run(env):
     assert server_fds() == fds_before  # and none holds a pipe of the server open
 
 
+@needs_namespaces
 async def test_process_and_file_size_limits(env):
     fork_bomb = ("import os, time\nfor i in range(500):\n    try:\n        pid = os.fork()\n"
                  "    except OSError as err:\n        print('fork refused after', i, err.errno)\n        break\n"
                  "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\nelse:\n    print('forked 500')")
+    (tool,) = env.tools
+    if "not enforced" in tool["function"]["description"]:  # root without a writable pids cgroup: said so
+        pytest.skip("the process cap is not enforceable here (root without a pids cgroup)")
     text = await run(env, fork_bomb)
     assert text.startswith("fork refused after") and int(text.split()[3]) < 64 and " 11\n" in text  # EAGAIN
     big_file = ("try:\n    open('/tmp/big', 'wb').write(b'x' * (32 << 20))\n    print('wrote')\n"
@@ -137,6 +148,7 @@ async def test_process_and_file_size_limits(env):
     assert await run(env, big_file) == "refused 27\n[exit code 0]"  # EFBIG: RLIMIT_FSIZE
 
 
+@needs_namespaces
 async def test_no_inherited_environment_and_no_other_process_visible(env):
     code = ("import os\nprint(sorted(k for k in os.environ if 'SECRET' in k))\nleaks = 0\n"
             "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
@@ -149,6 +161,7 @@ async def test_no_inherited_environment_and_no_other_process_visible(env):
     assert lines[2] == "1 ['1', '2']"  # its parent is the namespace's init; nothing else exists
 
 
+@needs_namespaces
 async def test_no_network_even_through_the_low_level_socket_module(env):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.setblocking(False)
@@ -162,12 +175,12 @@ async def test_no_network_even_through_the_low_level_socket_module(env):
     assert text.startswith("refused")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 and not Path("/proc/sys/user/max_user_namespaces").exists(),
-                    reason="needs user namespaces to build a machine without them")
 async def test_refuses_to_start_without_namespaces_unless_the_weaker_mode_is_named(tmp_path, write_manifest):
     # A user namespace in which no further user namespace may be created: what Docker's default
     # seccomp profile (or kernel.unprivileged_userns_clone=0) leaves a server with.
     def no_userns(*args: str) -> dict:
+        if not NAMESPACES_WORK:  # this machine already is one
+            return {"command": "python", "args": list(args), "timeout_s": 60, "restart": "never"}
         script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} {' '.join(args)}"
         return {"command": "unshare", "args": ["--user", "--map-root-user", "sh", "-c", script],
                 "timeout_s": 60, "restart": "never"}
