@@ -213,14 +213,16 @@ class PidsCgroup:
 
     @staticmethod
     def remove(group: Path) -> None:
-        for _ in range(50):  # the namespace's processes are reaped a moment after its init exits
+        # The namespace's processes are reaped a moment after its init exits (longer for a fork bomb
+        # on a loaded machine): keep trying for a while, then leave the empty group behind.
+        for attempt in range(200):
             try:
                 group.rmdir()
                 return
             except FileNotFoundError:
                 return
             except OSError:
-                time.sleep(0.02)
+                time.sleep(min(0.01 * (attempt + 1), 0.1))
 
 
 def _read(path: str) -> str:
