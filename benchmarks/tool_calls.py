@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envs import ToolEnv  # noqa: E402
+from envs import ToolEnv, ToolLimits  # noqa: E402
 from rl_factory.types import ToolCall, ToolResult  # noqa: E402
 
 SERVER = Path(__file__).resolve().parent / "servers" / "latency_server.py"
@@ -59,7 +59,8 @@ def main() -> None:
 
 async def run(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
-    async with server_entry(args) as entry, ToolEnv.from_manifest({"mcpServers": {"latency": entry}}) as env:
+    async with server_entry(args) as entry, ToolEnv.from_manifest(
+            {"mcpServers": {"latency": entry}}, limits=ToolLimits(max_calls_per_turn=max(16, args.in_flight))) as env:
         await env.call_batch([ToolCall("wait", {"seconds": 0})] * min(args.in_flight, 64))  # warm up
         runs = [await measure(env, args) for _ in range(args.repeats)]
     return {

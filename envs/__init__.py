@@ -19,6 +19,7 @@ _EXPORTS = {
     "get_parser": "envs.parsers",
     "register_parser": "envs.parsers",
     "ToolEnv": "envs.tool_env",
+    "ToolLimits": "envs.limits",
     "load_function": "envs.functions",
 }
 __all__ = sorted(_EXPORTS)

@@ -15,7 +15,9 @@ never waits on it, and a hung one cannot block the process from exiting (executo
 joined at exit; Ctrl-C must not hang on a stuck tool). On timeout the call returns a "timeout"
 error at once; a sync function's thread is abandoned (Python cannot kill a thread) and finishes
 in the background. An exception becomes an error result `Error executing tool <name>: <message>`;
-unlike a remote server's, the message is our own process's and is shown to the model.
+unlike a remote server's, the message is our own process's and is shown to the model. So does a
+`SystemExit` (argparse, `exit()`) or any other BaseException the function raises
+(`rl_factory.guard`): only our own cancellation and Ctrl-C pass through.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from pydantic import ValidationError
 
 from envs.manifest import PROJECT_ROOT, FunctionSpec, Manifest, ManifestError
 from envs.mcp_client import ToolCallError
+from rl_factory.guard import await_contained, contain
 from rl_factory.imports import import_file
 
 logger = logging.getLogger(__name__)
@@ -80,7 +83,7 @@ class FunctionTool:
         async with self._semaphore:
             # asyncio.wait rather than asyncio.timeout (3.11+): a TimeoutError the function itself
             # raises stays the function's error, only the deadline is a "timeout".
-            task = asyncio.ensure_future(self._invoke(kwargs))
+            task = asyncio.ensure_future(await_contained(self._invoke(kwargs)))
             try:
                 done, _ = await asyncio.wait({task}, timeout=self.spec.timeout_s)
             except asyncio.CancelledError:
@@ -100,8 +103,9 @@ class FunctionTool:
             return _error_result(name, f"cannot serialize the result: {_describe(exc)}")
 
 
-    def _invoke(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
-        return self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs)
+    async def _invoke(self, kwargs: dict[str, Any]) -> Any:
+        # Called inside the task, so even a SystemExit the call itself raises is contained.
+        return await (self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs))
 
 
 def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
@@ -205,7 +209,7 @@ async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> A
         try:
             value, error = context.run(fn, **kwargs), None
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            value, error = None, exc
+            value, error = None, contain(exc)  # a raw SystemExit would end the event loop
         try:
             loop.call_soon_threadsafe(settle, value, error)
         except RuntimeError:

@@ -7,7 +7,8 @@ A manifest (YAML or JSON) maps server names to how to reach them:
       search: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ${API_KEY}"}}
       legacy: {url: "http://127.0.0.1:9000/sse", transport: sse}
 
-Beyond the desktop shape we add, per server: `timeout_s` (per call), `max_concurrency` (in-flight
+Beyond the desktop shape we add, per server: `timeout_s` (per call), `startup_timeout_s` (spawn or
+connect, handshake and tool list, each start and restart), `max_concurrency` (in-flight
 calls), `tools: {include, exclude}`, `restart` (what happens when it crashes), `cache` (a TTL
 result cache for deterministic tools) and `prefix` (expose tools as `<server>__<tool>`). Next to
 `mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions).
@@ -93,6 +94,7 @@ class ServerSpec(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     transport: str | None = Field(default=None, validation_alias=AliasChoices("transport", "type"))
     timeout_s: float = Field(default=30.0, gt=0)
+    startup_timeout_s: float = Field(default=60.0, gt=0)
     max_concurrency: int = Field(default=64, ge=1)
     tools: ToolFilter = Field(default_factory=ToolFilter)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)

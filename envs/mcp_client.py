@@ -7,7 +7,9 @@ task may `call_tool` on that session concurrently: the SDK matches responses by 
 one session serves many in-flight calls (bounded here by `max_concurrency`).
 
 Failures never escape as transport exceptions: `call_tool` raises `ToolCallError(kind, message)`
-with kind "timeout", "server_error" or "crashed", which the tool env turns into a tool message.
+with kind "timeout", "server_error", "too_large" (a message past the byte cap, see envs.transports)
+or "crashed", which the tool env turns into a tool message. Starting (spawn or connect, the SSE
+endpoint event, initialize, list_tools) has one deadline, `startup_timeout_s`, restarts included.
 A crashed server fails fast: the calls in flight return "crashed" at once (so does the next
 call if the server died while idle: that is when we learn of it); the call after that restarts
 the server as its `restart` policy says (manifest.RestartPolicy: first
@@ -28,28 +30,26 @@ import asyncio
 import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+import re
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import IO, Any
 
 import anyio
-import httpx2
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp import ClientSession, MCPError
 from mcp.types import CallToolResult, PaginatedRequestParams, Tool
 
 from envs.manifest import ServerSpec, describe_transport
+from envs.transports import TOO_LARGE, TRANSPORTS
 
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 60.0  # spawn + initialize + list_tools; a python server takes about 1 s
 STOP_TIMEOUT_S = 10.0  # the SDK's stdio shutdown is bounded by ~6 s (close stdin, TERM, KILL)
 STDERR_TAIL_CHARS = 1500
 # JSON-RPC codes the SDK raises on the client side (mcp_types.CONNECTION_CLOSED / REQUEST_TIMEOUT).
 CONNECTION_CLOSED, REQUEST_TIMEOUT = -32000, -32001
+# How the SDK's and our own byte caps word a dropped message (httpx2 SSEError, envs.transports).
+OVER_BYTE_LIMIT = re.compile(r"exceeded the \d+ byte limit")
 
 
 class ToolEnvError(RuntimeError):
@@ -74,8 +74,10 @@ class MCPServerConnection:
     Start, call and stop it from one event loop (the owner task lives in that loop).
     """
 
-    def __init__(self, name: str, spec: ServerSpec, log_dir: str | os.PathLike | None = None):
+    def __init__(self, name: str, spec: ServerSpec, log_dir: str | os.PathLike | None = None,
+                 max_message_bytes: int = 16 << 20):
         self.name = name
+        self.max_message_bytes = max_message_bytes  # a larger message is dropped as it is read
         self.label = f"'{name}'"  # how errors that name a tool's source name this server
         self.spec = spec
         self.tools: list[Tool] = []
@@ -122,12 +124,23 @@ class MCPServerConnection:
         self._owner = owner = asyncio.create_task(self._own(ready, self._generation),
                                                   name=f"mcp-server-{self.name}")
         try:
-            await ready
+            # One deadline for all of it, the transport's own setup included (an SSE server that never
+            # sends its endpoint event, a process that never answers initialize).
+            done, _ = await asyncio.wait({ready}, timeout=self.spec.startup_timeout_s)
         except asyncio.CancelledError:
             # Our caller gave up mid-handshake: take the half-started server down with it.
             owner.cancel()
             await asyncio.gather(owner, return_exceptions=True)
             raise
+        if not done:
+            ready.cancel()  # the owner sees it cancelled and reports to no one
+            owner.cancel()
+            await asyncio.gather(owner, return_exceptions=True)
+            self._start_cause = f"not ready within startup_timeout_s={self.spec.startup_timeout_s:g}s"
+            tail = self._stderr_tail()
+            raise ServerStartError(f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: "
+                                   f"{self._start_cause}" + (f" | server stderr: {tail}" if tail else ""))
+        ready.result()
 
     async def _stop_owner(self) -> None:
         owner, self._owner = self._owner, None
@@ -147,9 +160,8 @@ class MCPServerConnection:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._open_transport())
                 session = await stack.enter_async_context(ClientSession(read, write))
-                with anyio.fail_after(STARTUP_TIMEOUT_S):
-                    await session.initialize()
-                    self.tools = self._filter(await _list_all_tools(session))
+                await session.initialize()
+                self.tools = self._filter(await _list_all_tools(session))
                 self._session = session
                 ready.set_result(None)
                 await self._stop_event.wait()
@@ -205,6 +217,8 @@ class MCPServerConnection:
                 if kind == "timeout":
                     raise ToolCallError(kind, f"tool '{name}' timed out after "
                                               f"{self.spec.timeout_s:g}s") from None
+                if kind == "too_large":
+                    raise ToolCallError(kind, f"tool '{name}' returned too much: {_leaf(exc)}") from None
                 raise ToolCallError(kind, f"tool '{name}' failed: "
                                           f"{self.spec.redact(_root_cause(exc))}") from None
         self._restart_delay_s, self._restarts_in_a_row = 0.0, 0
@@ -264,8 +278,7 @@ class MCPServerConnection:
         if isinstance(_leaf(exc), ServerStartError):
             self._start_cause = str(_leaf(exc))
             return self._start_cause
-        cause = (f"no answer to initialize within {STARTUP_TIMEOUT_S:g}s" if _is_timeout(exc)
-                 else self.spec.redact(_root_cause(exc)))
+        cause = self.spec.redact(_root_cause(exc))
         self._start_cause = cause
         tail = self._stderr_tail()
         return (f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: "
@@ -285,41 +298,6 @@ class MCPServerConnection:
         return (lines[-1] if last_line else "\n".join(lines)) if lines else ""
 
 
-# ---- transports (a registry keyed by ServerSpec.transport) ------------------------------------
-
-
-def _stdio(conn: MCPServerConnection) -> AbstractAsyncContextManager:
-    spec = conn.spec
-    params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd,
-                                   encoding_error_handler="replace")
-    return stdio_client(params, errlog=conn._errlog)
-
-
-@asynccontextmanager
-async def _streamable_http(conn: MCPServerConnection) -> AsyncIterator[Any]:
-    # In SDK 2.x headers live on the httpx2 client, which we then own and must close. Each
-    # in-flight call holds its own connection (a POST answered by an SSE stream), so keep as
-    # many alive as calls may be in flight: httpx's default of 20 reconnected per call past
-    # 20 in flight (5x slower; benchmarks/README.md). `max_concurrency` bounds the total.
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=conn.spec.max_concurrency)
-    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)  # the SDK's
-    async with (httpx2.AsyncClient(headers=conn.spec.headers or None, timeout=timeout,
-                                   limits=limits) as client,
-                streamable_http_client(conn.spec.url, http_client=client) as streams):
-        yield streams
-
-
-def _sse(conn: MCPServerConnection) -> AbstractAsyncContextManager:
-    return sse_client(conn.spec.url, headers=conn.spec.headers or None)
-
-
-TRANSPORTS: dict[str, Callable[[MCPServerConnection], AbstractAsyncContextManager]] = {
-    "stdio": _stdio,
-    "streamable_http": _streamable_http,
-    "sse": _sse,
-}
-
-
 # ---- helpers -----------------------------------------------------------------------------------
 
 
@@ -336,6 +314,8 @@ async def _list_all_tools(session: ClientSession) -> list[Tool]:
 def _classify(exc: BaseException) -> str:
     """Map a failed call's exception to a ToolResult.error_kind."""
     if isinstance(exc, MCPError):
+        if exc.code == TOO_LARGE or OVER_BYTE_LIMIT.search(str(exc)):
+            return "too_large"
         return {CONNECTION_CLOSED: "crashed", REQUEST_TIMEOUT: "timeout"}.get(exc.code, "server_error")
     if _is_timeout(exc):
         return "timeout"

@@ -10,6 +10,13 @@ Arguments are checked against the tool's JSON Schema (`jsonschema`) before anyth
 the model gets the validator's plain message rather than a server-specific one, and bad calls
 cost no round trip.
 
+Bounds (`ToolLimits`, from `env.*`): at most `max_calls_per_turn` calls of one turn run (the rest
+fail at once with a "too_many_calls" error, so a flood cannot starve other trajectories' calls);
+a result's text is cut to `max_output_bytes` (its first and last bytes around a marker) before it
+is kept, cached or tokenized, for every kind of source; and transports drop a message larger than
+`wire_bytes` while reading it (a "too_large" error), so a runaway tool costs neither time nor
+memory. Result text is also scrubbed of the server's secrets and of invalid Unicode.
+
 Tools come from MCP servers and from plain Python functions (envs.functions); both sit behind
 the same interface (`start`, `stop`, `tools`, `call_tool`), so routing, validation, caching,
 errors and metrics are one code path. Servers start lazily: entering `async with` starts
@@ -35,14 +42,16 @@ from mcp.types import CallToolResult, Tool
 
 from envs.cache import ResultCache
 from envs.functions import load_function_tools
+from envs.limits import ToolLimits, clip_bytes
 from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
+from envs.parsers.safe_json import repair_text
 from rl_factory.types import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
 
 # Failures decided here, before any server is contacted: they carry no latency.
-LOCAL_ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments")
+LOCAL_ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "too_many_calls")
 INVALID_TOOL_KEY = "_invalid"  # metrics bucket for names no server serves (keeps key count bounded)
 MAX_LISTED_TOOLS = 30
 
@@ -85,7 +94,8 @@ class ToolEnv:
     Entering starts no server; `await env.list_tools()` (or the first call) does.
     """
 
-    def __init__(self, sources: Sequence[ToolSource] = ()):
+    def __init__(self, sources: Sequence[ToolSource] = (), limits: ToolLimits | None = None):
+        self.limits = limits or ToolLimits()
         self._sources = list(sources)
         self._routes: dict[str, Route] = {}
         self._schemas: list[dict[str, Any]] = []
@@ -97,26 +107,29 @@ class ToolEnv:
 
     @classmethod
     def from_manifest(cls, manifest: str | os.PathLike | Mapping | None,
-                      log_dir: str | os.PathLike | None = None) -> ToolEnv:
+                      log_dir: str | os.PathLike | None = None, limits: ToolLimits | None = None) -> ToolEnv:
         """Build (not start) an env from a manifest path, a loaded mapping, or None for no tools.
 
         Args:
             manifest: see `envs.manifest.load_manifest`.
             log_dir: where stdio servers' stderr goes (`<log_dir>/<server>.log`); None keeps it
                 in anonymous temporary files.
+            limits: calls per turn and output bytes (default `ToolLimits()`).
 
         Raises:
             ManifestError: the manifest is missing or invalid, or a listed function cannot be
                 imported.
         """
         spec = load_manifest(manifest)
-        servers = [MCPServerConnection(name, s, log_dir) for name, s in spec.servers.items()]
-        return cls([*servers, *load_function_tools(spec)])
+        limits = limits or ToolLimits()
+        servers = [MCPServerConnection(name, s, log_dir, max_message_bytes=limits.wire_bytes)
+                   for name, s in spec.servers.items()]
+        return cls([*servers, *load_function_tools(spec)], limits)
 
     @classmethod
-    def empty(cls) -> ToolEnv:
+    def empty(cls, limits: ToolLimits | None = None) -> ToolEnv:
         """An env with no tools, for tasks without tools; every call is an unknown tool."""
-        return cls()
+        return cls(limits=limits)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -219,10 +232,18 @@ class ToolEnv:
         return route.source.name if route else None
 
     async def call_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """Run all calls concurrently (each server bounds its own in-flight calls); results in order."""
+        """Run one turn's calls concurrently (each server bounds its own in-flight calls); results in
+        order. Calls past `limits.max_calls_per_turn` are not run: each gets a "too_many_calls" error."""
         if len(calls) == 1:  # the common turn: no task for gather to make and schedule (~20 us)
             return [await self.call(calls[0])]
-        return list(await asyncio.gather(*(self.call(c) for c in calls)))
+        cap = self.limits.max_calls_per_turn
+        results = list(await asyncio.gather(*(self.call(c) for c in calls[:cap])))
+        for call in calls[cap:]:
+            result = _failure(call, "too_many_calls", f"not run: {len(calls)} tool calls in one turn, at most "
+                                                      f"{cap} run per turn (env.max_calls_per_turn)")
+            self._record(result)
+            results.append(result)
+        return results
 
     async def call(self, call: ToolCall, record: bool = True) -> ToolResult:
         """Run one call; every failure comes back as a ToolResult with `error_kind` set.
@@ -266,9 +287,14 @@ class ToolEnv:
         except ToolCallError as err:
             return _failure(call, err.kind, str(err), source.name, time.perf_counter() - start)
         latency = time.perf_counter() - start
-        text = render_result(result)
+        try:
+            text = render_result(result)
+        except (ValueError, RecursionError) as err:  # e.g. structured content nested past json's limit
+            return _failure(call, "server_error", f"tool '{call.name}' returned a result that cannot be "
+                                                  f"shown: {type(err).__name__}", source.name, latency)
+        # A server may echo its credentials (in an error or a result): they never reach the model.
+        text = clip_bytes(source.spec.redact(repair_text(text)), self.limits.max_output_bytes)
         if result.is_error:
-            text = source.spec.redact(text)  # a server may echo its credentials in an error
             return _failure(call, "server_error", text or f"tool '{call.name}' reported an error",
                             source.name, latency)
         return ToolResult(call=call, text=text, server=source.name, latency_s=latency)

@@ -1,5 +1,11 @@
 """An OpenAI-compatible chat endpoint as one async call, shared by the model judges: the pairwise arena
 judge (`rewards.judge.LLMJudge`) and the pointwise judge reward (`rewards.llm_reward`).
+
+Each request has an overall deadline (`timeout_s`, not httpx's per-read timeout, which a server
+dripping one byte at a time never trips) and a byte cap on the decoded body (`max_response_bytes`,
+read as a stream, so a 300 MB reply or a gzip bomb is cut off, not buffered). Every failure (a
+transport error, bad gzip, a body that is not JSON, a deadline) is retried and then surfaces as
+`JudgeError`, the one error the tournament's `on_judge_failure` handles.
 """
 from __future__ import annotations
 
@@ -13,8 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rl_factory.http import request
+
 RETRY_STATUS = {408, 409, 425, 429}
 CACHE_SIZE = 100_000  # replies (or verdicts) kept per client / judge
+MAX_RESPONSE_BYTES = 8 << 20  # a chat completion is kilobytes; past this the body is not read further
 
 
 class JudgeError(RuntimeError):
@@ -39,14 +48,15 @@ class ChatClient:
     def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
                  max_concurrency: int = 8, max_retries: int = 3, backoff_s: float = 1.0,
                  timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 512,
-                 cache_size: int = CACHE_SIZE, stats: dict[str, int] | None = None):
+                 cache_size: int = CACHE_SIZE, stats: dict[str, int] | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES):
         if not model:
             raise ValueError("an LLM judge needs a model name (the endpoint's model)")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.api_key_env = model, api_key_env
         self.max_concurrency, self.max_retries, self.backoff_s = max_concurrency, max_retries, backoff_s
         self.timeout_s, self.temperature, self.max_tokens = timeout_s, temperature, max_tokens
-        self.cache_size = cache_size
+        self.cache_size, self.max_response_bytes = cache_size, max_response_bytes
         self._cache: dict[str, str] = {}
         self.stats = stats if stats is not None else {}
         for key in ("requests", "retries"):
@@ -87,17 +97,21 @@ class ChatClient:
             try:
                 async with self._semaphore:
                     self.stats["requests"] += 1
-                    response = await self._client.post(self.url, json=body, headers=self._headers())
-                if response.status_code >= 400:
-                    error = f"HTTP {response.status_code}: {response.text[:200]}"
-                    if response.status_code < 500 and response.status_code not in RETRY_STATUS:
+                    status, content = await request(self._client, "POST", self.url, json=body,
+                                                    headers=self._headers(), timeout_s=self.timeout_s,
+                                                    max_bytes=self.max_response_bytes)
+                if status >= 400:
+                    error = f"HTTP {status}: {content[:200].decode('utf-8', 'replace')}"
+                    if status < 500 and status not in RETRY_STATUS:
                         raise JudgeError(f"judge endpoint {self.url} refused the request ({error})")
                     raise ValueError(error)
-                text = response.json()["choices"][0]["message"]["content"] or ""
+                text = json.loads(content)["choices"][0]["message"]["content"] or ""
+                if not isinstance(text, str):
+                    raise TypeError(f"message content is {type(text).__name__}, not text")
                 value = parse(text) if parse else text
             except JudgeError:
                 raise
-            except (httpx.TransportError, ValueError, KeyError, IndexError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any transport, decoding or reply failure: retried
                 last = exc
                 continue
             if self.cache_size > 0:

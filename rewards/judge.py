@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, fill_template, json_objects, load_template
+from rl_factory.guard import passes_through
 from rl_factory.registry import Registry
 
 DEFAULT_PROMPT = """\
@@ -170,14 +171,15 @@ def build_judge(cfg: JudgeConfig, reward_fn: Any = None) -> Any:
 class RewardComparator:
     """P(a beats b) from a pointwise reward: 1, 0 or 0.5 as a's reward is higher, lower or equal.
 
-    Uses `Candidate.reward` when the candidate carries one, else calls `reward_fn` with the candidate's
-    `reward_kwargs`. Symmetric by construction, so one call per match (no position bias to cancel).
+    Uses `Candidate.reward` when the candidate carries one, else scores the candidate's `reward_kwargs`
+    through the run's `Scorer` (its executor, timeout, type checks and `on_error`). Symmetric by
+    construction, so one call per match (no position bias to cancel).
     """
 
-    def __init__(self, reward_fn: Any):
-        from rewards.loader import RewardFn
+    def __init__(self, reward: Any):
+        from rewards.scorer import Scorer
 
-        self.reward_fn = reward_fn if isinstance(reward_fn, RewardFn) else RewardFn(reward_fn)
+        self.scorer = Scorer.wrap(reward)
         self.stats = {"requests": 0}
 
     async def compare(self, query: str, a: Candidate, b: Candidate) -> float:
@@ -187,11 +189,8 @@ class RewardComparator:
     async def _reward(self, c: Candidate) -> float:
         if c.reward is not None:
             return c.reward
-        from rewards.loader import normalize_reward
-
         self.stats["requests"] += 1
-        value = await self.reward_fn(**c.reward_kwargs)
-        return 0.0 if value is None else normalize_reward(value)[0]
+        return await self.scorer.score_kwargs(**c.reward_kwargs)
 
     async def aclose(self) -> None:
         pass
@@ -201,8 +200,11 @@ class RewardComparator:
 def _build_reward_judge(cfg: JudgeConfig, reward_fn: Any) -> RewardComparator:
     if cfg.reward_function:
         from rewards.loader import load_reward
+        from rewards.scorer import Scorer
 
-        return RewardComparator(load_reward(cfg.reward_function))
+        fn = load_reward(cfg.reward_function)
+        # Another function, under the run's reward policy when there is one.
+        return RewardComparator(reward_fn.sibling(fn) if isinstance(reward_fn, Scorer) else fn)
     if reward_fn is None:
         raise ValueError("judge type 'reward' needs a reward function")
     return RewardComparator(reward_fn)
@@ -229,14 +231,20 @@ class PairwiseModelJudge:
         future = self._cache[key] = asyncio.get_running_loop().create_future()
         try:
             value = await self.judge_prompt(prompt)
-        except BaseException as exc:
+        except BaseException as original:
+            exc = original
+            if not isinstance(exc, JudgeError) and not passes_through(exc):
+                # e.g. a local model out of memory: a failed verdict, for on_judge_failure to handle
+                exc = JudgeError(f"judge failed: {type(exc).__name__}: {exc}")
             self._cache.pop(key, None)  # failures are not cached: a later match may try again
             if isinstance(exc, asyncio.CancelledError):
                 future.cancel()
             else:
                 future.set_exception(exc)
                 future.exception()  # marks it retrieved; waiters re-raise it
-            raise
+            if exc is original:
+                raise
+            raise exc from original
         future.set_result(value)
         while len(self._cache) > CACHE_SIZE:  # oldest first (dicts keep insertion order)
             del self._cache[next(iter(self._cache))]

@@ -25,6 +25,7 @@ import importlib
 import inspect
 import json
 import math
+import numbers
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -288,7 +289,11 @@ def prompt_text(traj: Trajectory) -> str:
 
 
 def normalize_reward(value: Any) -> tuple[float, dict[str, Any]]:
-    """Turn a float or a {"score": ..., **metrics} dict into (reward, reward_info)."""
+    """Turn a real number or a {"score": ..., **metrics} dict into (reward, reward_info).
+
+    Strict: a string ("0.9"), a bool (True), a tensor or anything else that is not a real number
+    (Python or numpy) is an error, not silently converted: it is almost always a bug in the reward.
+    """
     info: dict[str, Any] = {}
     if isinstance(value, dict):
         if "score" not in value:
@@ -296,14 +301,19 @@ def normalize_reward(value: Any) -> tuple[float, dict[str, Any]]:
                               f"(keys: {sorted(value)})")
         info = {k: v for k, v in value.items() if k != "score"}
         value = value["score"]
-    try:
-        score = float(value)
-    except (TypeError, ValueError) as exc:
-        raise RewardError(f"reward returned {type(value).__name__} {value!r:.80}; "
-                          "expected a float, a dict with 'score', or None") from exc
+    if not _is_real(value):
+        hint = " (call .item() on a tensor)" if type(value).__module__.startswith("torch") else ""
+        raise RewardError(f"reward returned {type(value).__name__} {value!r:.80}; expected a real number, "
+                          f"a dict with 'score', or None{hint}")
+    score = float(value)
     if not math.isfinite(score):
         raise RewardError(f"reward returned a non-finite score {score}")
     return score, info
+
+
+def _is_real(value: Any) -> bool:
+    # numbers.Real covers int, float and numpy's numbers; bools (numpy's too) are not scores.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
 def _columns(available: dict[str, Any]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Two sources, summed: a per-turn function (`reward.process.function: "file.py:fn"`, called once per turn
 with the keyword arguments it names from `turn_kwargs`) and a fixed penalty per failed tool call of the
-turn (`reward.process.tool_error_penalty`). GAE adds them to the token-level rewards; the outcome
+turn (`reward.process.tool_error_penalty`). They are scored by `rewards.scorer.Scorer` (its timeout and
+`on_error` apply to the per-turn function too). GAE adds them to the token-level rewards; the outcome
 estimators either add their sum to the outcome reward (`outcome_mode: sum`) or ignore them.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rewards.loader import RewardError, _call_dict, _result_dict, load_reward
+from rewards.loader import _call_dict, _result_dict, load_reward
 from rl_factory.types import Trajectory
 
 OUTCOME_MODES = ("sum", "ignore")
@@ -26,46 +27,19 @@ class ProcessRewardConfig:
 
 
 class ProcessReward:
-    """Per-turn rewards; a raising per-turn function follows `reward.on_error` like outcome rewards."""
+    """`reward.process`: the per-turn function (loaded) and the penalty; `rewards.scorer.Scorer` calls
+    them, under the run's executor, timeout and `on_error`, like outcome rewards."""
 
-    def __init__(self, cfg: ProcessRewardConfig, on_error: str = "raise"):
+    def __init__(self, cfg: ProcessRewardConfig):
         if cfg.outcome_mode not in OUTCOME_MODES:
             raise ValueError(f"reward.process.outcome_mode: {cfg.outcome_mode!r} is not one of "
                              f"{', '.join(OUTCOME_MODES)}")
-        if on_error not in ("raise", "zero"):
-            raise ValueError(f"reward.on_error: {on_error!r} is not one of raise, zero")
-        self.cfg, self.on_error = cfg, on_error
+        self.cfg = cfg
         self.fn = load_reward(cfg.function) if cfg.function else None
-        self.errors = 0  # per-turn function failures scored 0 under on_error=zero (reward/process/errors)
 
     @property
     def enabled(self) -> bool:
         return self.fn is not None or self.cfg.tool_error_penalty != 0.0
-
-    async def score(self, traj: Trajectory) -> list[float]:
-        """One reward per turn of `traj` (also stored on `traj.process_rewards`)."""
-        rewards = []
-        for i, turn in enumerate(traj.turns):
-            failed = sum(not res.ok for res in turn.tool_results)
-            r = self.cfg.tool_error_penalty * failed if failed else 0.0
-            if self.fn is not None:
-                try:
-                    r += self.fn.to_score(await self.fn(**turn_kwargs(traj, i)))[0]
-                except Exception as exc:
-                    if self.on_error == "zero":
-                        self.errors += 1
-                        rewards.append(float(r))
-                        continue
-                    raise RewardError(f"process reward {self.fn.name} failed on sample {traj.sample_index} "
-                                      f"turn {i}: {type(exc).__name__}: {exc}") from exc
-            rewards.append(float(r))
-        traj.process_rewards = rewards
-        return rewards
-
-    def outcome(self, traj: Trajectory) -> float:
-        """The reward an outcome estimator sees: the outcome plus (outcome_mode=sum) the process rewards."""
-        extra = sum(traj.process_rewards) if self.cfg.outcome_mode == "sum" else 0.0
-        return float(traj.reward or 0.0) + extra
 
 
 def turn_kwargs(traj: Trajectory, index: int) -> dict[str, Any]:

@@ -4,7 +4,10 @@ A checkpoint is `checkpoints/step_NNNNNN/`: the model and tokenizer in Hugging F
 `AutoModelForCausalLM.from_pretrained` loads it directly) plus `trainer_state.pt` (optimizer,
 scheduler, data sampler position, RNG states, step). It is written into a hidden temporary
 directory and renamed into place, so a run killed while saving leaves the previous checkpoint
-intact and never a half-written one that resume would pick up.
+intact and never a half-written one that resume would pick up. Re-saving a step that exists (after
+a resume) first renames the old directory away (`.old-step_NNNNNN`), renames the new one in, and
+only then deletes the old one; a crash between the two renames leaves the old one to be renamed
+back by `latest_checkpoint`.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STATE_FILE = "trainer_state.pt"
+OLD_PREFIX = ".old-"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -36,6 +40,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return None
+    for old in root.glob(f"{OLD_PREFIX}step_*"):  # a re-save that died between its two renames
+        final = root / old.name.removeprefix(OLD_PREFIX)
+        if not final.exists() and (old / STATE_FILE).exists():
+            os.replace(old, final)
     done = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / STATE_FILE).exists()]
     return max(done, key=lambda p: int(STEP_DIR.match(p.name).group(1)), default=None)
 
@@ -71,10 +79,13 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     for name, obj in (extra or {}).items():
         torch.save(obj, tmp / name)
     _fsync_dir(tmp)
-    if final.exists():  # re-saving a step after resume: replace it whole
-        shutil.rmtree(final)
+    old = final.parent / f"{OLD_PREFIX}{final.name}"
+    if final.exists():  # re-saving a step after resume: move the old one away, never delete it first
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
     if keep > 0:
         # Prune by step number among complete checkpoints, never touching the one just written
         # (a run resumed from an older checkpoint may find newer ones in the directory).

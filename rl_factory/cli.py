@@ -30,10 +30,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _train_embedded(cfg, raw_overrides: list[str], print_only: str | None):
-    from omegaconf import OmegaConf
+    from rl_factory.config import printable
 
     if print_only is not None:
-        print(OmegaConf.to_yaml(cfg))
+        print(printable(cfg))
         return {}
     from rl_factory.trainer import train
     return train(cfg)
@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m rl_factory.cli {train|eval} [key=value ...]", file=sys.stderr)
         return 2
     command, overrides = argv[0], argv[1:]
+    from envs.secrets import redact_known
     from rl_factory.config import load_config
     from rl_factory.run import setup_logging
 
+    _redact_tracebacks()
     setup_logging()
     _quiet_transformers()
     if "--doctor" in overrides:
@@ -121,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = load_config("eval", overrides)
             if print_only is not None:
-                from omegaconf import OmegaConf
-                print(OmegaConf.to_yaml(cfg))
+                from rl_factory.config import printable
+                print(printable(cfg))
                 return 0
             from rl_factory.evaluate_cli import run_eval
             summary = run_eval(cfg)
@@ -133,13 +135,25 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RL_FACTORY_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"error: {message}", file=sys.stderr)
+        print(redact_known(f"error: {message}"), file=sys.stderr)
         cause = exc.__cause__
         if cause is not None:
-            print(f"  caused by {type(cause).__name__}: {cause}", file=sys.stderr)
+            print(redact_known(f"  caused by {type(cause).__name__}: {cause}"), file=sys.stderr)
         return 2
     logging.getLogger("rl_factory").debug(json.dumps(summary, default=str))
     return 0
+
+
+def _redact_tracebacks() -> None:
+    """Uncaught tracebacks (a bug, or RL_FACTORY_DEBUG=1) are printed without the secrets we know."""
+    import traceback
+
+    from envs.secrets import redact_known
+
+    def hook(kind, value, tb) -> None:
+        sys.stderr.write(redact_known("".join(traceback.format_exception(kind, value, tb))))
+
+    sys.excepthook = hook
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from envs import ToolEnv, get_parser
+from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
 from rl_factory.engines.hf import HFEngine
@@ -40,6 +41,8 @@ class EnvConfig:
     tools: Any = None  # a manifest path, an inline manifest mapping, or None
     max_turns: int = 3
     parser: str = "hermes"
+    max_calls_per_turn: int = 16  # calls past it fail locally ("too_many_calls")
+    max_tool_output_bytes: int = 64 * 1024  # a result's text is cut to this before it is kept or tokenized
 
 
 @dataclass
@@ -56,14 +59,19 @@ def open_env(cfg: EnvConfig, log_dir: Path | None = None):
 
     `env.tools` is a manifest path, or the manifest itself inline (a mapping with `mcpServers`).
     """
+    try:
+        limits = ToolLimits(cfg.max_calls_per_turn, cfg.max_tool_output_bytes)
+    except ValueError as exc:
+        from rl_factory.config import ConfigError
+        raise ConfigError(str(exc)) from None
     if not cfg.tools:
-        return ToolEnv.empty()
+        return ToolEnv.empty(limits)
     if isinstance(cfg.tools, Mapping):
-        return ToolEnv.from_manifest(dict(cfg.tools), log_dir=log_dir)
+        return ToolEnv.from_manifest(dict(cfg.tools), log_dir=log_dir, limits=limits)
     if not Path(cfg.tools).exists():
         from envs.manifest import ManifestError
         raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools}")
-    return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir)
+    return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir, limits=limits)
 
 
 def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, engine=None) -> Agent:

@@ -15,10 +15,9 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from envs import secrets
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-# Whole key names (or their last "_" part) that hold secrets; "max_total_tokens" or "api_key_env"
-# (the *name* of a variable) are not secrets.
-SECRET_KEY = re.compile(r"^(.*[_-])?(api[_-]?key|token|secret|password|passwd|authorization|bearer|access[_-]?key)$", re.I)
 T = TypeVar("T")
 
 
@@ -35,10 +34,21 @@ def load_config(name: str, overrides: list[str], config_dir: str | Path | None =
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = compose(config_name=name, overrides=list(overrides))
+        secrets.note_config_secrets(OmegaConf.to_container(cfg, resolve=False))
+        _keep_manifest_env_refs(cfg)
         OmegaConf.resolve(cfg)
+        _keep_manifest_env_refs(cfg)  # resolving un-escapes them
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(str(exc), config_dir, name)) from None
     return cfg
+
+
+def _keep_manifest_env_refs(cfg: DictConfig) -> None:
+    """An inline manifest keeps `${oc.env:VAR}` as text: the manifest loader resolves it where the tools
+    open (and masks it), so no printed or written copy of the config holds the value."""
+    tools = OmegaConf.select(cfg, "env.tools")
+    if isinstance(tools, DictConfig):
+        cfg.env.tools = secrets.keep_env_refs(OmegaConf.to_container(tools, resolve=False))
 
 
 def _explain(message: str, config_dir: Path, name: str) -> str:
@@ -85,27 +95,27 @@ def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
         raise ConfigError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def redacted(cfg: DictConfig | dict) -> dict:
-    """A plain copy of the config with secret-looking values masked, safe to write to config.yaml.
+def redacted(cfg: DictConfig | dict, resolve: bool = True) -> dict:
+    """A plain copy of the config safe to print or write to config.yaml (`envs.secrets.redact_config`):
+    secret-named values and an inline manifest's `env`/`headers` values masked, a secret that came
+    from `${oc.env:VAR}` shown as that reference, wherever it appears."""
+    data = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
+    if isinstance(cfg, DictConfig) and not resolve:  # show escaped references as they resolve: ${oc.env:VAR}
+        data = secrets.unescape_env_refs(data)
+    return secrets.redact_config(data)
 
-    Besides secret-looking keys, every value of an inline tool manifest's `env` and `headers`
-    (`mcpServers.<name>.env.*`) is masked: that is where servers get their credentials, under
-    any name.
-    """
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
 
-    def walk(value: Any, path: tuple[str, ...] = ()) -> Any:
-        key = path[-1] if path else ""
-        if isinstance(value, dict):
-            return {k: walk(v, (*path, str(k))) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v, path) for v in value]
-        credential = len(path) >= 4 and path[-4] == "mcpServers" and path[-2] in ("env", "headers")
-        if (credential or SECRET_KEY.search(key)) and value not in (None, ""):
-            return "***"
-        return value
+def printable(cfg: DictConfig, resolve: bool = False) -> str:
+    """`--cfg job` (and `--resolve`): the config as YAML, redacted."""
+    import yaml
 
-    return walk(data)
+    return yaml.safe_dump(redacted(cfg, resolve=resolve), sort_keys=False)
+
+
+def worker_config(cfg: DictConfig) -> DictConfig:
+    """A copy of `cfg` to hand to processes that print it (verl's TaskRunner): secrets travel as
+    `${oc.env:VAR}` references (see `envs.secrets.for_workers`)."""
+    return OmegaConf.create(secrets.for_workers(OmegaConf.to_container(cfg, resolve=False)))
 
 
 def split_overrides(overrides: list[str], name: str = "grpo",

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from envs.secrets import redact_known
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
 from rl_factory.types import Trajectory
@@ -84,10 +85,17 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
 
 
 def write_rollouts(path: Path, trajs: list[Trajectory]) -> None:
-    """Write atomically: a resumed run rewrites a step's file whole, never appends to it."""
+    """Write atomically: a resumed run rewrites a step's file whole, never appends to it.
+
+    Each line is scrubbed of every secret this process knows (`envs.secrets.redact_known`), and text
+    that is not valid Unicode (a lone surrogate) is written escaped rather than failing the step.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for traj in trajs:
-            f.write(json.dumps(trajectory_record(traj), ensure_ascii=False, default=str) + "\n")
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8", errors="backslashreplace") as f:
+            for traj in trajs:
+                f.write(redact_known(json.dumps(trajectory_record(traj), ensure_ascii=False, default=str)) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no .tmp behind

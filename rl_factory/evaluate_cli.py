@@ -19,7 +19,7 @@ from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
 from rl_factory.tracking import json_safe
-from rewards.combine import build_reward
+from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
 REPORTED = ["accuracy", "reward/mean", "num_turns/mean", "tool/call_rate", "tool/success_rate"]
@@ -79,7 +79,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
     env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
     roll_cfg = section(cfg, "rollout", SamplingConfig)
-    reward_fn = build_reward(reward_cfg)
+    reward_fn = build_scorer(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     other = _load_compare(e.compare)  # a bad eval.compare fails before any rollout
     out = _output_dir(e, model_cfg.path)

@@ -86,11 +86,11 @@ async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -
     from rl_factory.components import DataConfig, EnvConfig, RewardConfig, open_env
     from rl_factory.config import section
     from rl_factory.report.data import load_run, read_jsonl
-    from rewards.combine import build_reward
+    from rewards.scorer import build_scorer
     from rewards.scorer import score_trajectories
 
     cfg = load_config(run_dir, overrides)
-    reward = build_reward(section(cfg, "reward", RewardConfig))  # a bad reward fails before any reading
+    reward = build_scorer(section(cfg, "reward", RewardConfig))  # a bad reward fails before any reading
     data_cfg, env_cfg = section(cfg, "data", DataConfig), section(cfg, "env", EnvConfig)
     files = [f for f in load_run(run_dir).rollout_files if split in ("all", f[0])]
     if not files:

@@ -132,11 +132,20 @@ class Agent:
         return [Group(i, list(trajs[k * n: (k + 1) * n])) for k, i in enumerate(indices)]
 
     def _clip(self, result: ToolResult) -> str:
-        """Truncate a tool's text to the token budget, visibly, so the model knows it is partial."""
-        ids = self.fmt.encode(result.text)
-        if len(ids) <= self.cfg.max_tool_response_tokens:
-            return result.text
-        return self.fmt.tokenizer.decode(ids[: self.cfg.max_tool_response_tokens]) + TRUNCATION_MARKER
+        """Truncate a tool's text to the token budget, visibly, so the model knows it is partial.
+
+        Only a prefix is tokenized (doubling until it holds more tokens than the budget, or is the
+        whole text), so a huge result costs about as much as the budget, not its own length.
+        """
+        text, budget = result.text, self.cfg.max_tool_response_tokens
+        prefix_chars = 8 * budget + 64
+        while True:
+            ids = self.fmt.encode(text[:prefix_chars])
+            if len(ids) > budget:
+                return self.fmt.tokenizer.decode(ids[:budget]) + TRUNCATION_MARKER
+            if prefix_chars >= len(text):
+                return text
+            prefix_chars *= 2
 
 
 def _assistant_message(content: str, calls: list) -> dict:

@@ -42,8 +42,7 @@ from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
-from rewards.combine import build_reward
-from rewards.process import ProcessReward
+from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
 VAL_SEED_KEY = 1 << 32  # validation seeds apart from the training steps'
@@ -88,10 +87,10 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
     check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
-    reward_fn = build_reward(reward_cfg)  # reward.function, or reward.functions with weights
-    process = _build_process(reward_cfg)  # per-turn rewards (reward.process); off by default
+    # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
+    scorer = build_scorer(reward_cfg)
     use_critic = _needs_critic(alg, roll_cfg)  # gae: a value head trained alongside the policy
-    arena = _build_arena(alg, reward_fn)  # None unless the estimator ranks rollouts by tournament
+    arena = _build_arena(alg, scorer)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
@@ -107,6 +106,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         if policy.device.type == "cuda":
             log.info("training on %s with the embedded backend (HF generate, one process); trainer.backend=verl is "
                      "the fast GPU path (vLLM rollouts, FSDP, packed sequences): README 'Scaling out'", policy.device)
+        scorer.use_tools(env)  # a reward that names `tools` calls the run's tools
         value_head = build_value_head(alg.critic, policy.model) if use_critic else None
         param_groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad]}]  # LoRA: adapters
         if value_head is not None:  # the critic learns at its own rate
@@ -125,15 +125,14 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         agent = build_agent(policy, env, env_cfg, roll_cfg)
         pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,
                                    batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
-                                   reward=reward_fn, max_concurrency=reward_cfg.max_concurrency, process=process,
-                                   arena=arena, anchor_params=val_params, seed=seed)
+                                   scorer=scorer, arena=arena, anchor_params=val_params, seed=seed)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
 
         async def validate(at_step: int) -> dict[str, float]:
             params = replace(val_params, seed=derive_seed(seed, VAL_SEED_KEY, at_step))
-            metrics, trajs = await evaluate(agent, reward_fn, val_rows, params, reward_cfg.success_threshold)
+            metrics, trajs = await evaluate(agent, scorer, val_rows, params, reward_cfg.success_threshold)
             agent.timing(), _engine_metrics(agent.engine)  # validation time is not a training step's
             if t_cfg.save_rollouts:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
@@ -166,7 +165,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
                     critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
                 else:
-                    assign_advantages(alg.advantage, groups, rewards=[process.outcome(t) for t in trajs],
+                    assign_advantages(alg.advantage, groups, rewards=[scorer.outcome(t) for t in trajs],
                                       scores=batch.scores, **alg.advantage_options)
                 # 6. Policy update with the registered policy loss (plus the value loss with a critic).
                 actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
@@ -195,10 +194,11 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                         extra={VALUE_HEAD_FILE: value_head.state_dict()} if value_head is not None else None)
             progress.close()
         tracker.close()
+    scorer.close()  # reward worker processes, if any
     return run.finish(history, step)
 
 
-def _build_arena(alg: AlgorithmConfig, reward_fn) -> GroupArena | None:
+def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
     """The tournament runner when the estimator needs tournament scores, else None.
 
     Also refuses, up front, an estimator needing inputs the embedded trainer does not compute.
@@ -210,7 +210,7 @@ def _build_arena(alg: AlgorithmConfig, reward_fn) -> GroupArena | None:
     if "scores" not in needs:
         return None
     try:
-        return GroupArena(alg.arena, reward_fn)
+        return GroupArena(alg.arena, scorer)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"algorithm.arena: {exc.args[0]}") from None
 
@@ -231,13 +231,6 @@ def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
     if alg.critic.type != "value_head":
         raise ConfigError(f"algorithm.critic.type: unknown critic {alg.critic.type!r} (valid: value_head)")
     return True
-
-
-def _build_process(reward_cfg: RewardConfig) -> ProcessReward:
-    try:
-        return ProcessReward(reward_cfg.process, on_error=reward_cfg.on_error)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def _engine_metrics(engine) -> dict[str, float]:

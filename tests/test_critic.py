@@ -1,12 +1,15 @@
 """The gae critic (value head, token rewards, GAE placement, value loss) and process rewards."""
 import asyncio
 import copy
+import time
 
 import pytest
 import torch
 
-from rewards.loader import RewardError
-from rewards.process import ProcessReward, ProcessRewardConfig
+from rewards.combine import RewardConfig
+from rewards.loader import RewardError, RewardLoadError
+from rewards.process import ProcessRewardConfig
+from rewards.scorer import Scorer, build_scorer
 from rl_factory.config import ConfigError
 from rl_factory.components import SamplingConfig
 from rl_factory.critic import (CriticConfig, ValueHead, assign_gae, build_value_head, compute_values, token_rewards,
@@ -32,21 +35,33 @@ def two_turn_traj(reward: float = 1.0, prompt_len: int = 3, ids_from: int = 10) 
                       reward=reward)
 
 
+def _scorer(process: ProcessRewardConfig, **policy) -> Scorer:
+    """A scorer whose outcome reward is the trajectory's preset reward, plus the given process rewards."""
+    return build_scorer(RewardConfig(function="rewards.exact_match:numeric_exact_match", process=process, **policy))
+
+
+async def _score_keeping_reward(scorer: Scorer, traj: Trajectory) -> list[float]:
+    reward = traj.reward
+    await scorer.score(traj)
+    traj.reward = reward
+    return traj.process_rewards
+
+
 def test_process_and_outcome_rewards_sit_on_each_turns_last_generated_token(tmp_path):
     fn_file = tmp_path / "per_turn.py"
     fn_file.write_text("def per_turn(text, turn_index):\n    return 0.5 if 'answer' in text else 0.25\n")
-    process = ProcessReward(ProcessRewardConfig(function=f"{fn_file}:per_turn", tool_error_penalty=-0.1))
+    scorer = _scorer(ProcessRewardConfig(function=f"{fn_file}:per_turn", tool_error_penalty=-0.1))
     traj = two_turn_traj(reward=1.0)
-    assert asyncio.run(process.score(traj)) == pytest.approx([0.25 - 0.1, 0.5])
+    assert asyncio.run(_score_keeping_reward(scorer, traj)) == pytest.approx([0.25 - 0.1, 0.5])
     assert turn_end_positions(traj) == [6, 11]
     rewards = token_rewards(traj)
     assert rewards[6] == pytest.approx(0.15) and rewards[11] == pytest.approx(1.5)
     assert sum(r != 0 for r in rewards) == 2
-    assert process.outcome(traj) == pytest.approx(1.65)
-    ignore = ProcessReward(ProcessRewardConfig(tool_error_penalty=-0.1, outcome_mode="ignore"))
+    assert scorer.outcome(traj) == pytest.approx(1.65)
+    ignore = _scorer(ProcessRewardConfig(tool_error_penalty=-0.1, outcome_mode="ignore"))
     assert ignore.outcome(traj) == 1.0
-    with pytest.raises(ValueError, match="outcome_mode"):
-        ProcessReward(ProcessRewardConfig(outcome_mode="mean"))
+    with pytest.raises(RewardLoadError, match="outcome_mode"):
+        _scorer(ProcessRewardConfig(outcome_mode="mean"))
 
 
 def test_a_raising_per_turn_function_follows_on_error(tmp_path):
@@ -54,10 +69,28 @@ def test_a_raising_per_turn_function_follows_on_error(tmp_path):
     fn_file.write_text("def per_turn(text):\n    if 'answer' in text:\n        raise KeyError('boom')\n    return 0.25\n")
     spec = ProcessRewardConfig(function=f"{fn_file}:per_turn", tool_error_penalty=-0.1)
     with pytest.raises(RewardError, match="turn 1: KeyError"):
-        asyncio.run(ProcessReward(spec).score(two_turn_traj()))
-    zero = ProcessReward(spec, on_error="zero")
-    assert asyncio.run(zero.score(two_turn_traj())) == pytest.approx([0.25 - 0.1, 0.0])
-    assert zero.errors == 1
+        asyncio.run(_scorer(spec).score(two_turn_traj()))
+    zero = _scorer(spec, on_error="zero")
+    traj = two_turn_traj()
+    assert asyncio.run(_score_keeping_reward(zero, traj)) == pytest.approx([0.25 - 0.1, 0.0])
+    assert zero.metrics([traj])["reward/process/errors"] == 1.0
+
+
+def test_process_rewards_obey_the_timeout(tmp_path):
+    """The per-turn function runs under reward.timeout_s like the outcome reward (it used to wait forever)."""
+    fn_file = tmp_path / "per_turn.py"
+    fn_file.write_text("import time\ndef per_turn(text):\n    time.sleep(3)\n    return 1.0\n")
+    scorer = _scorer(ProcessRewardConfig(function=f"{fn_file}:per_turn"), executor="thread", timeout_s=0.2,
+                     on_error="zero")
+    traj = two_turn_traj()
+
+    async def timed() -> tuple[list[float], float]:
+        start = time.perf_counter()
+        return await _score_keeping_reward(scorer, traj), time.perf_counter() - start
+
+    rewards, seconds = asyncio.run(timed())  # (asyncio.run then waits for the abandoned threads)
+    assert rewards == [0.0, 0.0] and seconds < 2
+    assert traj.reward_info["process/errors"] == 2
 
 
 def test_gae_token_advantages_only_on_generated_tokens():

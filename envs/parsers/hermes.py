@@ -9,22 +9,25 @@ content, and from verl's, which drops bad blocks silently: here every block yiel
 and a malformed one carries `error` (and a best-guess name) so the model sees why it failed
 while the good blocks of the same turn still run. Like vLLM, an unterminated last block (the
 generation stopped before `</tool_call>`) is parsed too. `arguments` may be an object or a JSON
-string holding one; a missing `arguments` means no arguments.
+string holding one; a missing `arguments` means no arguments. JSON is read with bounds
+(`envs.parsers.safe_json`: size, nesting depth, number length, lone surrogates repaired), so no
+text a model writes makes `parse` raise.
 
 Not for Qwen3-Coder / Qwen3.5, which use an XML `<function=...>` format inside the tags.
 """
 from __future__ import annotations
 
-import json
 import re
 
 from envs.parsers import register_parser
+from envs.parsers.safe_json import JSONProblem, load_json, repair_text
 from rl_factory.types import ToolCall
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 # End-of-turn tokens an engine may leave in decoded text (stop-agnostic: strip if present).
 END_MARKERS = ("<|im_end|>", "<|endoftext|>")
-NAME_GUESS = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
+NAME_GUESS = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
+MAX_NAME_CHARS = 200
 
 
 @register_parser("hermes")
@@ -35,6 +38,7 @@ class HermesParser:
         pass  # JSON arguments carry their own types
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        text = repair_text(text)  # an engine that hands us text (not ids) may pass lone surrogates
         calls = []
         for match in TOOL_CALL.finditer(text):
             closed = match.group(1) is not None
@@ -49,21 +53,23 @@ def _to_call(body: str, raw: str) -> ToolCall:
     if not body:
         return _malformed("", raw, "empty <tool_call> block")
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as err:
-        return _malformed(_guess_name(body), raw, f"invalid JSON ({err.msg} at line {err.lineno} "
-                                                  f"column {err.colno})")
+        obj = load_json(body)
+    except JSONProblem as err:
+        return _malformed(_guess_name(body), raw, str(err))
     if not isinstance(obj, dict):
         return _malformed("", raw, 'expected a JSON object {"name": ..., "arguments": {...}}')
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return _malformed("", raw, 'missing "name" (a non-empty string)')
+    if len(name) > MAX_NAME_CHARS or "\ufffd" in name:
+        return _malformed("", raw, f'"name" must be a tool name (at most {MAX_NAME_CHARS} characters of '
+                                   "valid Unicode)")
     arguments = obj.get("arguments")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return _malformed(name, raw, '"arguments" is a string but not valid JSON')
+            arguments = load_json(arguments) if arguments.strip() else {}
+        except JSONProblem as err:
+            return _malformed(name, raw, f'"arguments" is a string but not valid JSON: {err}')
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):

@@ -18,17 +18,18 @@ string parameter keeps the exact text; a parameter the parser has no schema for 
 unknown tool or parameter) stays a string for the argument check to judge; one whose schema
 declares no type takes the JSON value.
 
+Values are read as JSON with the bounds of `envs.parsers.safe_json` (a value past them stays text).
 Unlike vLLM, a malformed block yields a call with `error` set (the model is told why) while the
 well-formed calls of the same turn still run.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from envs.parsers import register_parser
-from envs.parsers.hermes import TOOL_CALL, strip_end_markers
+from envs.parsers.hermes import MAX_NAME_CHARS, TOOL_CALL, strip_end_markers
+from envs.parsers.safe_json import JSONProblem, load_json, repair_text
 from rl_factory.types import ToolCall
 
 FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
@@ -51,6 +52,7 @@ class Qwen3XMLParser:
             self._params[fn.get("name", "")] = (fn.get("parameters") or {}).get("properties") or {}
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        text = repair_text(text)
         calls = []
         for match in TOOL_CALL.finditer(text):
             closed = match.group(1) is not None
@@ -71,6 +73,8 @@ class Qwen3XMLParser:
     def _call(self, name: str, inner: str, raw: str) -> ToolCall:
         if not name:
             return _malformed("", raw, "empty function name in <function=...>")
+        if len(name) > MAX_NAME_CHARS:
+            return _malformed("", raw, f"function name longer than {MAX_NAME_CHARS} characters")
         schemas = self._params.get(name, {})
         arguments: dict[str, Any] = {}
         for match in PARAMETER.finditer(inner):
@@ -92,8 +96,8 @@ def coerce(value: str, schema: dict[str, Any] | None) -> Any:
     if "boolean" in types and value.strip() in ("True", "False"):  # Python spelling, a common slip
         return value.strip() == "True"
     try:
-        parsed = json.loads(value)
-    except ValueError:
+        parsed = load_json(value)
+    except JSONProblem:
         return value  # the argument check will say what was expected
     kind = next(t for cls, t in JSON_TYPES if isinstance(parsed, cls))
     if not types or kind in types or (kind == "integer" and "number" in types):

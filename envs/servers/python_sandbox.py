@@ -1,16 +1,19 @@
-"""Python sandbox MCP server: `run_python(code)` runs a program in a fresh, limited process.
+"""Python sandbox MCP server: `run_python(code)` runs a program in a fresh, isolated, limited process.
 
-Each call starts a new interpreter (this server's own, so the venv's packages import) in a new
-temporary working directory that is deleted afterwards, with:
-  * CPU time capped by RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a second later);
-  * address space capped by RLIMIT_AS, so a huge allocation raises MemoryError;
-  * a wall-clock timeout, after which the whole process group is killed (also at the end of
-    every run, so background children do not outlive their call);
-  * no network: in a new network namespace (`unshare --map-root-user --net`, or `unshare --net`
-    when user namespaces are off but we are root) where only a downed loopback exists, when
-    that works here (checked once at startup); otherwise socket.socket (for AF_INET/AF_INET6)
-    and socket.create_connection are replaced by a stub that raises PermissionError before the
-    code runs. The active mode is named in the tool description and the server instructions;
+Each call starts a new interpreter (this server's own, so the venv's packages import), isolated as
+`--isolation` says (envs/servers/isolation.py):
+  * `namespaces` (default): fresh user, pid, mount and network namespaces: a read-only view of the
+    host, private size-capped /tmp (the working directory), no network, no other process visible,
+    no capabilities, and every process of the run killed when it ends or hits its deadline;
+  * `process`: only where namespaces cannot be had, and only when the manifest names it: a fresh
+    process with the same limits but none of the isolation (the tool description lists what is
+    missing). Asked for `namespaces` where they do not work, the server refuses to start and says
+    which protections would be missing.
+In both modes the code gets no inherited environment and these limits:
+  * CPU time (RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later), address space
+    (RLIMIT_AS: a huge allocation raises MemoryError), processes (RLIMIT_NPROC: a fork bomb gets
+    EAGAIN), file size (RLIMIT_FSIZE: a bigger write fails with EFBIG), open files (RLIMIT_NOFILE);
+  * a wall-clock timeout, after which everything the run started is killed;
   * stdout and stderr captured separately, each cut to its first and last bytes around a
     `[... N bytes truncated ...]` marker; a run printing more than 16 MiB is killed.
 
@@ -19,18 +22,16 @@ tool error: the tool did its job and the model reads what happened. The result t
 program's stdout, then `[stderr]` and its stderr, then one status line such as `[exit code 0]`
 or `[killed: CPU time limit of 5 s exceeded]`; structured content carries the same fields.
 
-Limits: this stops runaway and accidental code, not a determined attacker. The code runs as the
-server's user and sees its filesystem; the socket stub can be undone from inside; RLIMITs can be
-raised by code running as real root (not in the `--map-root-user` mode).
-
 Flags (or env vars, which the manifest must pass through `env`): --cpu-seconds
 (RL_FACTORY_SANDBOX_CPU_S, 5), --memory-mb (RL_FACTORY_SANDBOX_MEMORY_MB, 1024), --timeout-s
 (RL_FACTORY_SANDBOX_TIMEOUT_S, 10), --max-output-bytes (RL_FACTORY_SANDBOX_MAX_OUTPUT_BYTES, 4096
 per stream), --max-parallel (RL_FACTORY_SANDBOX_MAX_PARALLEL, 4 runs at once; more calls wait),
---network auto|namespace|socket-stub (RL_FACTORY_SANDBOX_NETWORK, auto).
+--max-processes (64), --max-file-mb (16), --tmp-mb (64, namespaces mode), --isolation
+namespaces|process (RL_FACTORY_SANDBOX_ISOLATION, namespaces).
 """
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -38,27 +39,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import BaseModel
 
+from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
+from envs.servers.isolation import (MISSING_IN_PROCESS_MODE, MODES, PidsCgroup, namespace_command, parse_status,
+                                    probe_namespaces)
 from envs.servers.stdio import serve
 
-MAX_DRAIN_BYTES = 16 << 20  # per stream; past this the run is killed rather than read forever
 MAX_CODE_CHARS = 200_000
-READ_CHUNK = 1 << 16
-DRAIN_AFTER_EXIT_S = 2.0  # an escaped grandchild may hold the pipes open: stop reading then
-NAMESPACE_COMMANDS = [["unshare", "--map-root-user", "--net", "--"], ["unshare", "--net", "--"]]
-NETWORK_MODES = ("auto", "namespace", "socket-stub")
+DRAIN_AFTER_EXIT_S = 2.0  # process mode: an escaped grandchild may hold the pipes open: stop reading then
 
-# Runs inside the child: limits first, then the optional socket stub, then the code (read from
-# stdin, so the working directory starts empty) with tracebacks that show only the user's frames.
+# Runs inside the child: limits (process mode; in namespaces mode the namespace's init set them), the
+# socket stub (process mode), then the code, read from stdin so the working directory starts empty,
+# with tracebacks that show only the user's frames.
 RUNNER = r"""
-import linecache, resource, sys, traceback
-cpu_s, memory_bytes, stub = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "socket-stub"
-resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+import json, linecache, resource, sys, traceback
+settings = json.loads(sys.argv[1])
+for name, (soft, hard) in settings["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (soft, hard))
+stub = settings["socket_stub"]
 source = sys.stdin.read()
 if stub:
     import errno, socket
@@ -83,6 +85,10 @@ except BaseException as exc:
 """
 
 
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up for a run (not the code's failure)."""
+
+
 @dataclass
 class SandboxConfig:
     cpu_seconds: int = 5
@@ -90,21 +96,43 @@ class SandboxConfig:
     timeout_s: float = 10.0
     max_output_bytes: int = 4096
     max_parallel: int = 4
-    network: str = "socket-stub"  # resolved: "namespace" or "socket-stub"
-    prefix: list[str] = field(default_factory=list)  # the unshare command in namespace mode
+    max_processes: int = 64
+    max_file_mb: int = 16
+    tmp_mb: int = 64
+    isolation: str = "namespaces"  # or "process" (see envs/servers/isolation.py)
     python: str = sys.executable
+    # Root only: per-run pids cgroups, since the kernel exempts uid 0 from RLIMIT_NPROC (found by main()).
+    cgroup: PidsCgroup | None = None
 
-    def command(self) -> list[str]:
-        return [*self.prefix, self.python, "-I", "-B", "-u", "-c", RUNNER,
-                str(self.cpu_seconds), str(self.memory_mb << 20), self.network]
+    @property
+    def processes_capped(self) -> bool:
+        return os.geteuid() != 0 or self.cgroup is not None
+
+    def rlimits(self) -> dict[str, tuple[int, int]]:
+        return {"RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
+                "RLIMIT_AS": (self.memory_mb << 20, self.memory_mb << 20),
+                "RLIMIT_NPROC": (self.max_processes, self.max_processes),
+                "RLIMIT_FSIZE": (self.max_file_mb << 20, self.max_file_mb << 20),
+                "RLIMIT_NOFILE": (256, 256), "RLIMIT_CORE": (0, 0)}
+
+    def command(self, env: dict[str, str], status_fd: int) -> list[str]:
+        """The command for one run; `status_fd` is where namespaces mode reports the exit status."""
+        if self.isolation == "namespaces":  # limits are set by the namespace's init, before exec
+            runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": {}, "socket_stub": False})]
+            return namespace_command(self.python, runner, env, self.rlimits(), self.tmp_mb << 20, status_fd)
+        return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": self.rlimits(), "socket_stub": True})]
 
     def describe(self) -> str:
-        how = ("its own network namespace" if self.network == "namespace"
-               else "sockets to the network are disabled")
-        return (f"Limits per call: {self.cpu_seconds} s CPU time, {self.memory_mb} MB memory, "
-                f"{self.timeout_s:g} s wall clock, {self.max_output_bytes} bytes of output per "
-                f"stream. No network access ({how}). Each call starts in a new empty directory; "
-                "nothing persists between calls.")
+        limits = (f"Limits per call: {self.cpu_seconds} s CPU time, {self.memory_mb} MB memory, "
+                  f"{self.timeout_s:g} s wall clock, {self.max_output_bytes} bytes of output per "
+                  f"stream, {self.max_processes} processes{'' if self.processes_capped else ' (not enforced: the server runs as root without a pids cgroup)'}, "
+                  f"{self.max_file_mb} MB per file. ")
+        if self.isolation == "namespaces":
+            return limits + (f"Isolation: namespaces (no network, a read-only view of the files, a private "
+                             f"{self.tmp_mb} MB /tmp as the working directory, no other process visible). "
+                             "Each call starts fresh; nothing persists between calls.")
+        return limits + ("Isolation: process only (weaker; missing: " + "; ".join(MISSING_IN_PROCESS_MODE)
+                         + "). Network sockets are stubbed out. Each call starts in a new empty directory.")
 
 
 class RunResult(BaseModel):
@@ -117,56 +145,10 @@ class RunResult(BaseModel):
     duration_s: float
 
 
-class _Capture:
-    """Keeps a stream's first and last bytes (max_bytes in all) and counts what it drops."""
-
-    def __init__(self, max_bytes: int):
-        self.head_max, self.tail_max = max_bytes // 2, max_bytes - max_bytes // 2
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_max - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        self.tail += chunk
-        if len(self.tail) > self.tail_max:
-            del self.tail[:len(self.tail) - self.tail_max]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.head) + len(self.tail)
-
-    def text(self) -> str:
-        head, tail = self.head.decode(errors="replace"), self.tail.decode(errors="replace")
-        if not self.truncated:
-            return head + tail
-        dropped = self.total - len(self.head) - len(self.tail)
-        return f"{head}\n[... {dropped} bytes truncated ...]\n{tail}"
-
-
-def detect_network(requested: str, python: str = sys.executable) -> tuple[str, list[str]]:
-    """The isolation mode to use and its command prefix; raises RuntimeError if `namespace`
-    was asked for and does not work here."""
-    if requested != "socket-stub":
-        for prefix in NAMESPACE_COMMANDS:
-            try:
-                probe = subprocess.run([*prefix, python, "-c", "pass"], timeout=10,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if probe.returncode == 0:
-                return "namespace", prefix
-        if requested == "namespace":
-            raise RuntimeError("--network namespace: `unshare --net` does not work here "
-                               "(needs util-linux and user namespaces or root)")
-    return "socket-stub", []
-
-
 def _child_env(workdir: str) -> dict[str, str]:
     # Nothing of the server's environment (API keys, ...) reaches the code.
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
+            "PYTHONDONTWRITEBYTECODE": "1",
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
@@ -178,53 +160,91 @@ def _kill_group(pgid: int) -> None:
         pass  # already gone
 
 
-async def _drain(stream: asyncio.StreamReader, capture: _Capture, on_flood) -> None:
-    while chunk := await stream.read(READ_CHUNK):
-        capture.add(chunk)
-        if capture.total > MAX_DRAIN_BYTES:
-            on_flood()
-            return
-
-
 async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
-    """Run `code` in a fresh limited process and report what it printed and how it ended."""
-    workdir = tempfile.mkdtemp(prefix="rlf-sandbox-")
+    """Run `code` in a fresh isolated, limited process and report what it printed and how it ended.
+
+    Raises:
+        SandboxError: the isolation could not be set up for this run.
+    """
+    strong = cfg.isolation == "namespaces"
+    workdir = None if strong else tempfile.mkdtemp(prefix="rlf-sandbox-")
+    status_read, status_write = os.pipe() if strong else (-1, -1)
+    env = _child_env("/tmp" if strong else workdir)  # /tmp: the run's own tmpfs
     start, proc = time.monotonic(), None
+    group = cfg.cgroup.create(cfg.max_processes) if cfg.cgroup is not None else None
     try:
         proc = await asyncio.create_subprocess_exec(
-            *cfg.command(), cwd=workdir, env=_child_env(workdir), start_new_session=True,
+            *cfg.command(env, status_write), cwd=workdir or "/", env=env, start_new_session=True,
+            pass_fds=(status_write,) if strong else (), preexec_fn=PidsCgroup.join(group) if group else None,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if strong:
+            os.close(status_write)
+            status_write = -1
         killed_for: list[str] = []
 
         def flood() -> None:
             killed_for.append("output_limit")
             _kill_group(proc.pid)
 
-        out, err = _Capture(cfg.max_output_bytes), _Capture(cfg.max_output_bytes)
-        readers = [asyncio.create_task(_drain(proc.stdout, out, flood)),
-                   asyncio.create_task(_drain(proc.stderr, err, flood))]
+        out, err = Capture(cfg.max_output_bytes), Capture(cfg.max_output_bytes)
+        readers = [asyncio.create_task(drain(proc.stdout, out, flood)),
+                   asyncio.create_task(drain(proc.stderr, err, flood))]
         try:
-            proc.stdin.write(code.encode())
+            proc.stdin.write(code.encode("utf-8", "replace"))
             await proc.stdin.drain()
             proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the child died before reading: its exit status tells why
-        try:
-            await asyncio.wait_for(proc.wait(), cfg.timeout_s)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        if not await _exited(proc, cfg.timeout_s):
             killed_for.append("timeout")
-        _kill_group(proc.pid)  # the timed-out run, or children the code left behind
-        await proc.wait()
+        _kill_group(proc.pid)  # the timed-out run (namespaces: its whole pid namespace), or leftovers
+        await _exited(proc, None)
         _, pending = await asyncio.wait(readers, timeout=DRAIN_AFTER_EXIT_S)
         for task in pending:
             task.cancel()
+        returncode = proc.returncode
+        if strong:
+            code_status, setup_error = parse_status(_read_all(status_read))
+            if setup_error:
+                raise SandboxError(f"could not set up the sandbox: {setup_error}")
+            if code_status is not None and not killed_for:
+                returncode = code_status
     finally:
         if proc is not None and proc.returncode is None:
             _kill_group(proc.pid)  # we were cancelled (e.g. the client gave up): no orphan run
-        _remove(workdir)
-    return RunResult(status=_status(proc.returncode, killed_for), exit_code=proc.returncode,
+        for fd in (status_read, status_write):
+            if fd >= 0:
+                os.close(fd)
+        if workdir is not None:
+            _remove(workdir)
+        if group is not None:
+            await asyncio.shield(asyncio.to_thread(PidsCgroup.remove, group))
+    return RunResult(status=_status(returncode, killed_for), exit_code=returncode,
                      stdout=out.text(), stderr=err.text(), stdout_truncated=out.truncated,
                      stderr_truncated=err.truncated, duration_s=round(time.monotonic() - start, 3))
+
+
+async def _exited(proc: asyncio.subprocess.Process, timeout_s: float | None) -> bool:
+    """Whether the process exited within `timeout_s`. Polled, not `proc.wait()`, which (Python 3.11+)
+    also waits for its pipes to close, and an escaped child of the code may hold them open."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while proc.returncode is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def _read_all(fd: int) -> str:
+    # Every writer (the namespace's init) has exited by now: this reads to EOF without waiting.
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _status(returncode: int, killed_for: list[str]) -> str:
@@ -270,14 +290,13 @@ def _signal_name(number: int) -> str:
 
 
 def build_server(cfg: SandboxConfig):
-    """The MCP server object; `cfg.network` must already be resolved (see detect_network)."""
+    """The MCP server object (`cfg.isolation` is used as given: `main` checks it works here)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import CallToolResult, TextContent
 
     server = MCPServer("python_sandbox", log_level="WARNING",
-                       instructions=f"Runs Python code in a sandbox (network isolation: "
-                                    f"{cfg.network}). {cfg.describe()}")
+                       instructions=f"Runs Python code in a sandbox (isolation: {cfg.isolation}). {cfg.describe()}")
     slots = asyncio.Semaphore(cfg.max_parallel)
     description = ("Run a Python 3 program in a fresh process and return what it prints (stdout, "
                    "stderr) and its exit status. Use print() to see values. " + cfg.describe())
@@ -289,7 +308,7 @@ def build_server(cfg: SandboxConfig):
         async with slots:
             try:
                 result = await run_code(code, cfg)
-            except OSError as err:  # e.g. the interpreter or unshare vanished since startup
+            except (OSError, SandboxError) as err:  # e.g. the interpreter or unshare vanished since startup
                 raise ToolError(f"could not start the sandbox process: {err}") from None
         return CallToolResult(content=[TextContent(type="text", text=format_result(result, cfg))],
                               structured_content=result.model_dump())
@@ -306,29 +325,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-output-bytes", type=int,
                         default=int(env("RL_FACTORY_SANDBOX_MAX_OUTPUT_BYTES", 4096)))
     parser.add_argument("--max-parallel", type=int, default=int(env("RL_FACTORY_SANDBOX_MAX_PARALLEL", 4)))
-    parser.add_argument("--network", choices=NETWORK_MODES, default=env("RL_FACTORY_SANDBOX_NETWORK", "auto"))
+    parser.add_argument("--max-processes", type=int, default=64, help="RLIMIT_NPROC of a run")
+    parser.add_argument("--max-file-mb", type=int, default=16, help="RLIMIT_FSIZE of a run")
+    parser.add_argument("--tmp-mb", type=int, default=64, help="size of a run's private /tmp (namespaces)")
+    parser.add_argument("--isolation", choices=MODES, default=env("RL_FACTORY_SANDBOX_ISOLATION", "namespaces"),
+                        help="namespaces (default; refuses to start where it cannot be had) | process (weaker)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
     parser.add_argument("--transport", choices=["stdio", "streamable-http", "sse"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     if args.cpu_seconds < 1 or args.memory_mb < 64 or args.timeout_s <= 0 or args.max_parallel < 1 \
-            or args.max_output_bytes < 64:
-        parser.error("need --cpu-seconds >= 1, --memory-mb >= 64, --timeout-s > 0, "
-                     "--max-parallel >= 1, --max-output-bytes >= 64")
+            or args.max_output_bytes < 64 or args.max_processes < 2 or args.max_file_mb < 1 or args.tmp_mb < 1:
+        parser.error("need --cpu-seconds >= 1, --memory-mb >= 64, --timeout-s > 0, --max-parallel >= 1, "
+                     "--max-output-bytes >= 64, --max-processes >= 2, --max-file-mb >= 1, --tmp-mb >= 1")
     return args
+
+
+def refusal(reason: str) -> str:
+    """Why the server will not start in namespaces mode, and what running in process mode would lack."""
+    missing = "".join(f"\n  - {m}" for m in MISSING_IN_PROCESS_MODE)
+    return (f"python_sandbox: --isolation namespaces is not available here: {reason}.\n"
+            f"Without it the code would run with these protections missing:{missing}\n"
+            "To accept that, name the weaker mode in the manifest's args: --isolation process")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        network, prefix = detect_network(args.network, args.python)
-    except RuntimeError as err:
-        sys.exit(f"python_sandbox: {err}")
-    cfg = SandboxConfig(cpu_seconds=args.cpu_seconds, memory_mb=args.memory_mb,
-                        timeout_s=args.timeout_s, max_output_bytes=args.max_output_bytes,
-                        max_parallel=args.max_parallel, network=network, prefix=prefix,
-                        python=args.python)
+    if args.isolation == "namespaces":
+        reason = probe_namespaces(args.python)
+        if reason is not None:
+            sys.exit(refusal(reason))
+    cfg = SandboxConfig(cpu_seconds=args.cpu_seconds, memory_mb=args.memory_mb, timeout_s=args.timeout_s,
+                        max_output_bytes=args.max_output_bytes, max_parallel=args.max_parallel,
+                        max_processes=args.max_processes, max_file_mb=args.max_file_mb, tmp_mb=args.tmp_mb,
+                        isolation=args.isolation, python=args.python, cgroup=PidsCgroup.find())
     server = build_server(cfg)
     serve(server, args.transport, args.host, args.port)
 

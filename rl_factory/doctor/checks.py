@@ -91,10 +91,10 @@ async def run_directory(doc) -> str:
 
 @check("reward loads", needs=("reward_cfg",))
 async def reward_loads(doc) -> str:
-    from rewards.combine import build_reward
+    from rewards.scorer import build_scorer
 
     try:
-        reward = build_reward(doc.state["reward_cfg"])
+        reward = build_scorer(doc.state["reward_cfg"])
     except Exception as exc:
         raise CheckFailed(_text(exc), "check reward.function / reward.functions: file.py:fn or package.module:fn")
     doc.state["reward"] = reward

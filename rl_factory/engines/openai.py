@@ -17,12 +17,14 @@ Departures from the server's answer, both documented in `Generation` terms:
     default (`--logprobs-mode raw_logprobs`), which is the same thing at temperature 1; sample at
     another temperature only with `--logprobs-mode processed_logprobs` (it also folds in top-p).
 
-Connection errors, timeouts, 408, 429 and 5xx are retried with exponential backoff; other 4xx
+Each attempt has an overall deadline (`timeout_s`) and a byte cap (rl_factory.http). Connection errors,
+timeouts, 408, 429 and 5xx are retried with exponential backoff; other 4xx
 (a prompt longer than the server's `max_model_len`, a wrong model name) fail at once.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 from collections.abc import Sequence
@@ -30,9 +32,11 @@ from typing import Any
 
 import httpx2
 
+from rl_factory import http
 from rl_factory.engines.base import Generation, SamplingParams, register_engine
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+MAX_RESPONSE_BYTES = 64 << 20  # one completion's ids and log-probs are far less
 TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -117,19 +121,22 @@ class OpenAIEngine:
         client = self._http()
         url = self.base_url + path
         for attempt in range(self.max_retries + 1):
-            try:
-                response = await client.request(method, url, json=body)
-            except httpx2.TransportError as exc:  # connection refused or reset, timeouts
+            try:  # an overall deadline and a byte cap per attempt (rl_factory.http)
+                status, content = await http.request(client, method, url, json=body, timeout_s=self.timeout_s,
+                                                     max_bytes=MAX_RESPONSE_BYTES)
+            except (httpx2.HTTPError, TimeoutError, OSError) as exc:  # refused, reset, timed out, bad encoding
                 problem = f"{type(exc).__name__}: {exc}"
+            except http.ResponseTooLarge as exc:
+                raise OpenAIEngineError(f"{method} {url}: {exc}") from None
             else:
-                if response.status_code < 400:
+                text = content[:300].decode("utf-8", "replace")
+                if status < 400:
                     try:
-                        return response.json()
+                        return json.loads(content)
                     except ValueError:
-                        raise OpenAIEngineError(f"{method} {url}: response is not JSON: "
-                                                f"{response.text[:300]}") from None
-                problem = f"HTTP {response.status_code}: {response.text[:300]}"
-                if response.status_code not in RETRY_STATUS:
+                        raise OpenAIEngineError(f"{method} {url}: response is not JSON: {text}") from None
+                problem = f"HTTP {status}: {text}"
+                if status not in RETRY_STATUS:
                     raise OpenAIEngineError(f"{method} {url}: {problem}")
             if attempt == self.max_retries:
                 break

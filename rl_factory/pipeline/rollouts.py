@@ -21,7 +21,6 @@ weighted by each round's trajectory count.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -35,8 +34,7 @@ from rl_factory.pipeline.augment import augment, build_augmenters
 from rl_factory.pipeline.filters import apply_filters, build_filters
 from rl_factory.rollout import Agent
 from rl_factory.types import Group, Trajectory
-from rewards.process import ProcessReward
-from rewards.scorer import RewardScorer
+from rewards.scorer import Scorer
 
 log = logging.getLogger("rl_factory")
 
@@ -109,20 +107,20 @@ class RolloutPipeline:
         batch_size: prompts of the first round (`data.train_batch_size`).
         group_size: trajectories per prompt (`rollout.n`).
         params: sampling parameters of training rollouts.
-        reward: the run's reward; `max_concurrency`: reward calls at once.
-        process: per-turn rewards (their sum joins the outcome the estimator sees unless ignored).
+        scorer: the run's one reward path (rewards.scorer): outcome and per-turn process rewards, scored as
+            each trajectory finishes; its `outcome` is what the estimator sees.
         arena: the tournament runner for `arena`, else None; `anchor_params` samples its greedy anchors.
         seed: the run's seed; round r of step s samples with a seed derived from (seed, s, r), so a
             prompt drawn again in a later round does not repeat its rollouts.
     """
 
     def __init__(self, cfg: PipelineConfig, *, agent: Agent, rows: list[dict], sampler: PromptSampler,
-                 batch_size: int, group_size: int, params: SamplingParams, reward: Any, max_concurrency: int,
-                 process: ProcessReward, arena: Any = None, anchor_params: SamplingParams | None = None,
+                 batch_size: int, group_size: int, params: SamplingParams, scorer: Scorer,
+                 arena: Any = None, anchor_params: SamplingParams | None = None,
                  seed: int | None = None):
         self.cfg, self.agent, self.rows, self.sampler = cfg, agent, rows, sampler
         self.batch_size, self.group_size, self.params = batch_size, group_size, params
-        self.reward, self.max_concurrency, self.process = reward, max_concurrency, process
+        self.scorer = scorer
         self.arena, self.anchor_params = arena, anchor_params
         self.seed = seed  # each round's sampling seed derives from it (same seed, same run)
         self.filters = build_filters(cfg.filters)
@@ -180,16 +178,11 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         indices = self.sampler.next_indices(num_prompts)
         samples = [self.rows[i] for i in indices]
-        scorer = RewardScorer(self.reward, tools=self.agent.env, max_concurrency=self.max_concurrency)
         groups = await self.agent.rollout_groups(samples, indices, self.group_size, replace(self.params, seed=seed),
-                                                 on_done=scorer.submit)
+                                                 on_done=self.scorer.submit)
         trajs = [t for g in groups for t in g.trajectories]
         t1 = time.perf_counter()
-        metrics = await scorer.wait(trajs)  # the scoring still running when the last rollout ended
-        if self.process.enabled:  # per-turn rewards, on each turn's last generated token
-            per_turn = await asyncio.gather(*(self.process.score(t) for t in trajs))
-            metrics["reward/process/mean"] = sum(sum(r) for r in per_turn) / len(trajs)
-            metrics["reward/process/errors"], self.process.errors = self.process.errors, 0
+        metrics = await self.scorer.wait(trajs)  # the scoring still running when the last rollout ended
         return groups, {**metrics, "timing/rollout_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
 
     async def _filter(self, groups: list[Group], step: int, dropped: dict[str, int]
@@ -201,7 +194,7 @@ class RolloutPipeline:
     async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
         """Per kept trajectory: the outcome reward the estimator sees, or (arena) its tournament score."""
         if self.arena is None:
-            return [self.process.outcome(t) for g in groups for t in g.trajectories], {}
+            return [self.scorer.outcome(t) for g in groups for t in g.trajectories], {}
         if not groups:
             return [], {}
         t0 = time.perf_counter()

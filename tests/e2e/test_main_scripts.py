@@ -324,8 +324,9 @@ def test_server_command_not_found_names_the_server_and_keeps_secrets(tmp_path):
     assert "Traceback" not in result.stderr
     written = (run / "config.yaml").read_text() + (run / "train.log").read_text()
     assert secret not in result.stdout + result.stderr + written
+    # the reference it came from, never the value
     assert yaml.safe_load((run / "config.yaml").read_text())["env"]["tools"]["mcpServers"]["ghost"]["env"] == \
-        {"SERVICE_KEY": "***"}
+        {"SERVICE_KEY": "${oc.env:RLF_E2E_SECRET}"}
 
 
 def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path):

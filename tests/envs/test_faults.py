@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from envs import ToolEnv, ToolEnvError
+from envs import ToolEnv, ToolEnvError, ToolLimits
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +29,7 @@ async def wait_for(predicate, timeout_s: float = 20.0) -> None:
 
 async def test_server_killed_mid_batch(tmp_path, write_manifest, fault_server):
     path = write_manifest(tmp_path, {"faulty": fault_server(timeout_s=60)})
-    async with ToolEnv.from_manifest(path) as env:
+    async with ToolEnv.from_manifest(path, limits=ToolLimits(max_calls_per_turn=20)) as env:
         pid = int((await env.call(ToolCall("pid", {}))).text)
         batch = asyncio.ensure_future(env.call_batch([ToolCall("sleep", {"seconds": 30})] * 20))
 

@@ -1,8 +1,8 @@
 """The bundled Python sandbox server through ToolEnv: output, limits, isolation, clean-up.
 
-Two servers with small limits: `fast` (the mode --network auto picks here, 1 s CPU, generous wall
-time, so a CPU-bound loop can only be stopped by RLIMIT_CPU) and `stub` (the socket-stub mode
-forced, 2 s wall time).
+Two servers with small limits: `fast` (the default isolation, namespaces; 1 s CPU, generous wall
+time, so a CPU-bound loop can only be stopped by RLIMIT_CPU) and `stub` (the weaker `process` mode,
+named in its args, 2 s wall time). tests/envs/test_sandbox_escape.py attacks the isolation itself.
 """
 import asyncio
 import os
@@ -13,20 +13,26 @@ import pytest
 from mcp import Client
 
 from envs import ToolEnv
-from envs.servers.python_sandbox import SandboxConfig, _Capture, build_server, detect_network, run_code
+from envs.servers.capture import Capture
+from envs.servers.isolation import probe_namespaces
+from envs.servers.python_sandbox import SandboxConfig, build_server, run_code
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
 SANDBOX = ["-m", "envs.servers.python_sandbox", "--memory-mb", "256", "--max-output-bytes", "1000"]
+# Where namespaces cannot be had (the server would refuse), `fast` runs in the weaker mode instead;
+# tests/envs/test_sandbox_escape.py covers both the isolation and the refusal.
+NAMESPACES = probe_namespaces() is None
+FAST_MODE = [] if NAMESPACES else ["--isolation", "process"]
 
 
 @pytest.fixture(scope="module")
 async def envs(tmp_path_factory, write_manifest):
     tmp = tmp_path_factory.mktemp("sandbox")
     manifests = {
-        "fast": {"command": "python", "args": [*SANDBOX, "--cpu-seconds", "1", "--timeout-s", "30"],
+        "fast": {"command": "python", "args": [*SANDBOX, *FAST_MODE, "--cpu-seconds", "1", "--timeout-s", "30"],
                  "timeout_s": 60},
-        "stub": {"command": "python", "args": [*SANDBOX, "--network", "socket-stub", "--timeout-s", "2"],
+        "stub": {"command": "python", "args": [*SANDBOX, "--isolation", "process", "--timeout-s", "2"],
                  "timeout_s": 60},
     }
     opened = {}
@@ -53,15 +59,13 @@ async def run(env, code: str):
     return result
 
 
-async def test_description_names_limits_and_network_mode(envs):
+async def test_description_names_limits_and_isolation(envs):
     (fast,), (stub,) = envs["fast"].tools, envs["stub"].tools
-    expected, _ = detect_network("auto")
-    if os.geteuid() == 0:
-        assert expected == "namespace"  # root (as in CI) can always make a network namespace
-    how = {"namespace": "its own network namespace", "socket-stub": "sockets to the network are disabled"}
-    assert how[expected] in fast["function"]["description"]
-    assert how["socket-stub"] in stub["function"]["description"]
-    assert "1 s CPU time, 256 MB memory, 30 s wall clock, 1000 bytes of output" in fast["function"]["description"]
+    expected = "Isolation: namespaces (no network, a read-only view" if NAMESPACES else "Isolation: process only"
+    assert expected in fast["function"]["description"]
+    assert "Isolation: process only (weaker; missing: no pid namespace" in stub["function"]["description"]
+    assert ("1 s CPU time, 256 MB memory, 30 s wall clock, 1000 bytes of output per stream, 64 processes, "
+            "16 MB per file") in fast["function"]["description"]
     assert fast["function"]["parameters"]["required"] == ["code"]
 
 
@@ -125,10 +129,14 @@ async def test_stub_keeps_local_sockets_working(envs):
     assert (await run(envs["stub"], code)).text == "42\n[exit code 0]"
 
 
-async def test_fresh_workdir_per_call_removed_after(env):
+async def test_fresh_workdir_per_call_removed_after(envs):
     code = ("import os\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))\n"
             "open('leftover.txt', 'w').write('x')\nos.mkdir('sub')\nos.chmod('sub', 0)")
-    results = await env.call_batch([ToolCall("run_python", {"code": code})] * 3)
+    if NAMESPACES:  # each run's /tmp is its own tmpfs (same path, never the same files)
+        results = await envs["fast"].call_batch([ToolCall("run_python", {"code": code})] * 3)
+        assert [r.text for r in results] == ["/tmp\n[]\n[exit code 0]"] * 3
+    # process: a new host temporary directory per run, deleted afterwards
+    results = await envs["stub"].call_batch([ToolCall("run_python", {"code": code})] * 3)
     cwds = [r.text.splitlines()[0] for r in results]
     assert len(set(cwds)) == 3
     for result, cwd in zip(results, cwds):
@@ -144,7 +152,7 @@ async def test_output_truncated_with_marker(env):
 
 
 async def test_structured_content():
-    cfg = SandboxConfig(cpu_seconds=2, timeout_s=10, max_output_bytes=100)
+    cfg = SandboxConfig(cpu_seconds=2, timeout_s=10, max_output_bytes=100, isolation="process")
     async with Client(build_server(cfg)) as client:
         result = await client.call_tool("run_python", {"code": "import sys\nprint('x' * 300)\nsys.exit(2)"})
     data = result.structured_content
@@ -155,7 +163,7 @@ async def test_structured_content():
 async def test_cancelled_run_leaves_no_process(tmp_path):
     pid_file = tmp_path / "pid"
     code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
-    task = asyncio.create_task(run_code(code, SandboxConfig(timeout_s=30)))
+    task = asyncio.create_task(run_code(code, SandboxConfig(timeout_s=30, isolation="process")))
     for _ in range(100):
         await asyncio.sleep(0.05)
         if pid_file.exists() and pid_file.read_text():
@@ -174,7 +182,7 @@ async def test_cancelled_run_leaves_no_process(tmp_path):
 
 
 def test_capture_keeps_head_and_tail():
-    capture = _Capture(10)
+    capture = Capture(10)
     for chunk in (b"01234", b"56789"):
         capture.add(chunk)
     assert (capture.text(), capture.truncated) == ("0123456789", False)

@@ -6,7 +6,7 @@ import re
 import pytest
 from mcp import Client
 
-from envs import ToolEnv, ToolEnvError
+from envs import ToolEnv, ToolEnvError, ToolLimits
 from envs.servers.search import CorpusError, SearchIndex, build_server, load_corpus, snippet
 from rl_factory.types import ToolCall
 
@@ -25,7 +25,7 @@ def corpus(repo_root):
 
 @pytest.fixture(scope="module")
 async def env(manifest):
-    async with ToolEnv.from_manifest(manifest) as tool_env:
+    async with ToolEnv.from_manifest(manifest, limits=ToolLimits(max_calls_per_turn=64)) as tool_env:
         await tool_env.list_tools()  # start now, not inside the first test
         yield tool_env
 

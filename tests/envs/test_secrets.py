@@ -76,9 +76,15 @@ def test_cli_never_prints_secrets(leaky, tmp_path, write_manifest, fault_server,
 def test_config_yaml_masks_an_inline_manifest(tmp_path):
     from rl_factory.config import load_config, redacted
 
-    inline = "{mcpServers:{calc:{command:python,env:{SERVICE_KEY:${oc.env:RLF_TEST_API_KEY}},headers:{}}}}"
+    inline = "{mcpServers:{calc:{command:python,env:{SERVICE_KEY:${oc.env:RLF_TEST_API_KEY}}}}}"
     cfg = load_config("grpo", [f"env.tools={inline}"])
-    assert cfg.env.tools.mcpServers.calc.env.SERVICE_KEY == SECRET  # resolved for the run itself
+    # The config keeps the reference; the manifest loader resolves it where the tools open.
+    assert cfg.env.tools.mcpServers.calc.env.SERVICE_KEY == "${oc.env:RLF_TEST_API_KEY}"
+    from rl_factory.components import EnvConfig
+    from rl_factory.config import section
+
+    assert load_manifest(section(cfg, "env", EnvConfig).tools).servers["calc"].env["SERVICE_KEY"] == SECRET
     text = yaml.safe_dump(redacted(cfg))
     assert_clean(text)
-    assert yaml.safe_load(text)["env"]["tools"]["mcpServers"]["calc"]["env"] == {"SERVICE_KEY": "***"}
+    assert yaml.safe_load(text)["env"]["tools"]["mcpServers"]["calc"]["env"] == {
+        "SERVICE_KEY": "${oc.env:RLF_TEST_API_KEY}"}

@@ -4,7 +4,7 @@ import tempfile
 
 import pytest
 
-from envs import ToolEnv
+from envs import ToolEnv, ToolLimits
 from envs.servers.stdio import _is_pipe
 from rl_factory.types import ToolCall
 
@@ -31,7 +31,7 @@ async def test_many_calls_big_lines_and_stray_prints(tmp_path, write_manifest):
     (tmp_path / "echo_server.py").write_text(SERVER)
     path = write_manifest(tmp_path, {"echo": {"command": "python", "args": [str(tmp_path / "echo_server.py")]}})
     big = "x" * 200_000  # one request line far past asyncio's default 64 KiB line limit
-    async with ToolEnv.from_manifest(path, log_dir=tmp_path / "logs") as env:
+    async with ToolEnv.from_manifest(path, log_dir=tmp_path / "logs", limits=ToolLimits(max_calls_per_turn=101, max_output_bytes=256_000)) as env:
         results = await env.call_batch([ToolCall("shout", {"text": f"hi {i}"}) for i in range(100)]
                                        + [ToolCall("shout", {"text": big})])
     assert [r.text for r in results[:100]] == [f"HI {i}" for i in range(100)]

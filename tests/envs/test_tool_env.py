@@ -1,7 +1,6 @@
 """ToolEnv against real MCP servers (the calculator and tests/fakes/slow_server.py) as subprocesses."""
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,10 +9,11 @@ from unittest import mock
 import pytest
 from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
 
-from envs import ToolEnv, ToolEnvError, get_parser
+from envs import ToolEnv, ToolEnvError, ToolLimits, get_parser
 from envs.servers.calculator import build_server
 from envs.tool_env import render_result
 from rl_factory.types import ToolCall
+from tests.fakes.net import free_port, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +28,8 @@ async def env(tmp_path_factory, write_manifest, slow_server):
         "slow": slow_server(timeout_s=0.5)})
     with mock.patch.dict(os.environ):
         os.environ.pop("PYTHONPATH", None)
-        tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs")
+        # These tests batch many calls to test concurrency, not a model's turn: lift the per-turn cap.
+        tool_env = ToolEnv.from_manifest(path, log_dir=tmp / "logs", limits=ToolLimits(max_calls_per_turn=64))
     async with tool_env:
         await tool_env.list_tools()
         yield tool_env
@@ -144,14 +145,12 @@ async def test_server_that_cannot_start(tmp_path, write_manifest, log_dir):
 
 
 async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     script = slow_server()["args"][0]
     proc = subprocess.Popen([sys.executable, script, "--transport", "streamable-http", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        await _wait_for_port(port)
+        await wait_for_port(port)
         path = write_manifest(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp",
                                                  "tools": {"include": ["sleep", "pid"]}}})
         async with ToolEnv.from_manifest(path) as env:
@@ -165,19 +164,6 @@ async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest,
     finally:
         proc.kill()
         proc.wait()
-
-
-async def _wait_for_port(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
 
 
 async def test_empty_env():
@@ -216,7 +202,7 @@ def marked_pids(marker: str) -> set[int]:
 async def test_lazy_start_happens_once(tmp_path, write_manifest, slow_server):
     marker = f"lazy-{os.getpid()}-{time.monotonic_ns()}"
     path = write_manifest(tmp_path, {"slow": slow_server(env={"RLF_TEST_MARK": marker})})
-    async with ToolEnv.from_manifest(path) as env:
+    async with ToolEnv.from_manifest(path, limits=ToolLimits(max_calls_per_turn=20)) as env:
         await asyncio.sleep(0.2)
         assert marked_pids(marker) == set()  # entering starts nothing
         with pytest.raises(RuntimeError, match="list_tools"):

@@ -6,7 +6,8 @@ import pytest
 
 from envs import ToolEnv
 from examples.search_qa.prepare_data import CORPUS, load_corpus, main, make_questions, split
-from rewards.combine import RewardConfig, build_reward
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from rewards.rules import normalize_answer
 from rl_factory.types import ToolCall, Trajectory, Turn
 
@@ -75,9 +76,10 @@ def _traj(text: str, answer) -> Trajectory:
     ("<answer> </answer>", 0.0),
 ])
 def test_reward_on_hand_made_completions(text, total):
-    reward = build_reward(RewardConfig(functions=FUNCTIONS))
-    value, info = asyncio.run(reward.score(_traj(text, ["Litherk", "Litherk, Naimunmark"])))
-    assert value == pytest.approx(total) and set(info) == {"correct", "format"}
+    reward = build_scorer(RewardConfig(functions=FUNCTIONS))
+    traj = _traj(text, ["Litherk", "Litherk, Naimunmark"])
+    value = asyncio.run(reward.score(traj))
+    assert value == pytest.approx(total) and set(traj.reward_info) == {"correct", "format"}
 
 
 def test_split_is_seeded(rows):

@@ -4,8 +4,10 @@
 
 Tools: `sleep` (async), `block` (a sync tool that holds its worker thread), `hang` (never
 returns), `pid`, `inflight` (calls now running), `noisy` (writes garbage to stdout, then
-answers), `leak` (fails with the value of an environment variable in its message).
-`--banner` prints a non-JSON line to stdout before the MCP handshake, as careless servers do.
+answers), `leak` (fails with the value of an environment variable in its message), `reveal`
+(returns it, successfully, and writes it to stderr), `big` (returns a text of `mib` MiB).
+`--banner` prints a non-JSON line to stdout before the MCP handshake, as careless servers do;
+`--transport streamable-http|sse --port N` serves over HTTP instead of stdio.
 """
 import argparse
 import asyncio
@@ -80,9 +82,28 @@ def leak(name: str) -> str:
     raise ToolError(f"authentication failed for key {os.environ.get(name, '')}")
 
 
+@server.tool()
+def reveal(name: str) -> str:
+    """Return the value of environment variable `name` (and write it to stderr)."""
+    print(f"debug: {name}={os.environ.get(name, '')}", file=sys.stderr, flush=True)
+    return f"the key is {os.environ.get(name, '')}"
+
+
+@server.tool()
+def big(mib: float) -> str:
+    """A text of `mib` MiB."""
+    return "x" * int(mib * (1 << 20))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--banner", action="store_true")
-    if parser.parse_args().banner:
+    parser.add_argument("--transport", default="stdio")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    if args.banner:
         os.write(WIRE, b"fault_server v0 starting (not JSON)\n")
-    server.run()
+    if args.transport == "stdio":
+        server.run()
+    else:
+        server.run(args.transport, host="127.0.0.1", port=args.port)

@@ -15,7 +15,8 @@ from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
 from rl_factory.config import ConfigError
 from rl_factory.critic import assign_gae
 from rl_factory.pipeline import PipelineConfig, check_pipeline
-from rewards.combine import RewardConfig, build_reward
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from tests.pipeline.test_filters import LONG_RIGHT, make_pipeline, row
 
 pytestmark = pytest.mark.anyio
@@ -72,7 +73,7 @@ async def test_reinforce_pp_whitens_over_the_kept_trajectories_only(make_agent):
 
 async def test_arena_plays_among_the_survivors(make_agent):
     agent, _ = make_agent(PLANS, max_response_tokens=40)
-    reward = build_reward(RewardConfig())
+    reward = build_scorer(RewardConfig())
     async with GroupArena(ArenaConfig(topology="round_robin"), reward) as arena:
         pipeline = make_pipeline(agent, [row(Q1, "10063")], n=4, filters=["truncated"])
         pipeline.arena = arena

@@ -13,8 +13,8 @@ from rl_factory.config import ConfigError
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams
 from rl_factory.pipeline import PipelineConfig, PipelineError, RolloutPipeline, build_filters, check_pipeline
-from rewards.combine import RewardConfig, build_reward
-from rewards.process import ProcessReward, ProcessRewardConfig
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from tests.pipeline.conftest import BROKEN, CALL, HANG, row
 
 pytestmark = pytest.mark.anyio
@@ -28,8 +28,7 @@ LONG_RIGHT, LONG_WRONG = "The answer is 10063, I think, " + "or so, " * 40, "Let
 def make_pipeline(agent, rows, n, filters=(), batch_size=1, **cfg):
     return RolloutPipeline(PipelineConfig(filters=list(filters), **cfg), agent=agent, rows=rows,
                            sampler=PromptSampler(rows, batch_size, shuffle=False), batch_size=batch_size,
-                           group_size=n, params=SamplingParams(1.0, 1.0, 40), reward=build_reward(RewardConfig()),
-                           max_concurrency=8, process=ProcessReward(ProcessRewardConfig()))
+                           group_size=n, params=SamplingParams(1.0, 1.0, 40), scorer=build_scorer(RewardConfig()))
 
 
 async def test_each_builtin_drops_what_it_names(make_agent):

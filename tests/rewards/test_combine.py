@@ -4,7 +4,8 @@ import textwrap
 
 import pytest
 
-from rewards.combine import DEFAULT_FUNCTION, RewardConfig, build_reward
+from rewards.combine import DEFAULT_FUNCTION, RewardConfig
+from rewards.scorer import build_scorer
 from rewards.loader import RewardLoadError
 from rewards.scorer import score_trajectories
 from rl_factory.types import Trajectory, Turn
@@ -38,7 +39,7 @@ def reward_file(tmp_path):
 
 
 def test_weighted_components_are_summed_kept_and_logged(reward_file):
-    reward = build_reward(RewardConfig(functions=[
+    reward = build_scorer(RewardConfig(functions=[
         {"function": f"{reward_file}:correct", "weight": 1.0, "name": "correct"},
         {"function": f"{reward_file}:short", "weight": 0.5, "kwargs": {"limit": 10}},
     ]))
@@ -52,7 +53,7 @@ def test_weighted_components_are_summed_kept_and_logged(reward_file):
 
 
 def test_single_function_keeps_its_own_keys(reward_file):
-    reward = build_reward(RewardConfig(function=f"{reward_file}:short"))
+    reward = build_scorer(RewardConfig(function=f"{reward_file}:short"))
     traj = make_traj("42")
     metrics = asyncio.run(score_trajectories(reward, [traj]))
     assert (traj.reward, traj.reward_info) == (1.0, {"chars": 2})
@@ -60,7 +61,7 @@ def test_single_function_keeps_its_own_keys(reward_file):
 
 
 def test_none_of_a_component_is_counted(reward_file):
-    reward = build_reward(RewardConfig(functions=[f"{reward_file}:correct", f"{reward_file}:abstain"]))
+    reward = build_scorer(RewardConfig(functions=[f"{reward_file}:correct", f"{reward_file}:abstain"]))
     traj = make_traj("42")
     metrics = asyncio.run(score_trajectories(reward, [traj]))
     assert traj.reward == 1.0 and traj.reward_info == {"correct": 1.0, "abstain": 0.0, "abstain/reward_none": 1.0}
@@ -68,7 +69,7 @@ def test_none_of_a_component_is_counted(reward_file):
 
 
 def test_default_is_the_calculator_reward():
-    reward = build_reward(RewardConfig())
+    reward = build_scorer(RewardConfig())
     assert reward.components[0].fn.spec == DEFAULT_FUNCTION
     traj = make_traj("so 7212.", answer="7212")
     asyncio.run(score_trajectories(reward, [traj]))
@@ -89,14 +90,14 @@ def test_bad_functions_entries_name_the_entry(functions, match, reward_file):
     functions = [{**f, "function": f["function"].replace("{file}", str(reward_file))} if isinstance(f, dict)
                  and "function" in f else f for f in functions]
     with pytest.raises(RewardLoadError, match=match):
-        build_reward(RewardConfig(functions=functions))
+        build_scorer(RewardConfig(functions=functions))
 
 
 def test_function_and_functions_together_is_an_error():
     with pytest.raises(RewardLoadError, match="both set"):
-        build_reward(RewardConfig(function="rewards.exact_match:numeric_exact_match",
+        build_scorer(RewardConfig(function="rewards.exact_match:numeric_exact_match",
                                   functions=["rewards.exact_match:numeric_exact_match"]))
     with pytest.raises(RewardLoadError, match="reward.on_error: unknown value 'ignore' \\(valid: raise, zero\\)"):
-        build_reward(RewardConfig(on_error="ignore"))
+        build_scorer(RewardConfig(on_error="ignore"))
     with pytest.raises(RewardLoadError, match="reward.executor: unknown executor 'gpu' \\(valid: inline, thread"):
-        build_reward(RewardConfig(executor="gpu"))
+        build_scorer(RewardConfig(executor="gpu"))

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 from starlette.responses import JSONResponse
 
-from rewards.combine import RewardConfig, build_reward
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from rewards.chat import ChatClient, JudgeError
 from rewards.judge import render_path
 from rewards.llm_reward import DEFAULT_RUBRIC, LLMReward, parse_score, render_rubric
@@ -137,7 +138,7 @@ def test_from_reward_functions_with_on_error(endpoint):
               "max_retries": 1}
     entries = [{"function": "rewards.rules:exact_match", "name": "correct"},
                {"function": "rewards.llm_reward:llm_judge", "name": "judge", "weight": 0.5, "kwargs": kwargs}]
-    reward = build_reward(RewardConfig(functions=entries, on_error="zero"))
+    reward = build_scorer(RewardConfig(functions=entries, on_error="zero"))
     good, bad = asyncio.run(_score_both(reward, _traj("slash", "<answer>Paris</answer>"),
                                         _traj("garbage", "<answer>Rome</answer>")))
     assert good[0] == pytest.approx(1.35) and good[1]["judge"] == pytest.approx(0.7)
@@ -145,7 +146,9 @@ def test_from_reward_functions_with_on_error(endpoint):
 
 
 async def _score_both(reward, *trajs):
-    return [await reward.score(t) for t in trajs]
+    for t in trajs:
+        await reward.score(t)
+    return [(t.reward, t.reward_info) for t in trajs]
 
 
 def test_chat_client_returns_text_and_survives_a_new_event_loop(endpoint):
@@ -164,6 +167,6 @@ def test_factory_in_a_reward_file(endpoint, tmp_path):
     path.write_text("from rewards.llm_reward import make_llm_reward\n"
                     f"judge = make_llm_reward(model='fake-judge', base_url={endpoint.base_url!r}, "
                     f"prompt={TEMPLATE!r}, api_key_env=None)\n")
-    reward = build_reward(RewardConfig(function=f"{path}:judge"))
-    value, _ = asyncio.run(reward.score(_traj("brackets", "<answer>Paris</answer>")))
+    reward = build_scorer(RewardConfig(function=f"{path}:judge"))
+    value = asyncio.run(reward.score(_traj("brackets", "<answer>Paris</answer>")))
     assert value == pytest.approx(0.8)

@@ -132,7 +132,7 @@ def test_raising_function_names_sample_and_prompt():
 
 
 def test_bad_return_values():
-    for value, match in [({"format": 1}, "without a 'score'"), ("high", "expected a float"),
+    for value, match in [({"format": 1}, "without a 'score'"), ("high", "expected a real number"),
                          (float("nan"), "non-finite")]:
         with pytest.raises(RewardError, match=match):
             asyncio.run(score_trajectories(RewardFn(lambda v=value: v), [make_traj()]))

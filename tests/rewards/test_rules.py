@@ -4,7 +4,8 @@ import asyncio
 import pytest
 
 from rewards import rules
-from rewards.combine import RewardConfig, build_reward
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from rewards.loader import RewardLoadError, load_reward
 from rewards.scorer import score_trajectories
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
@@ -162,7 +163,7 @@ def test_rules_combined_on_a_real_trajectory():
         turns=[Turn([1], [0.0], "<tool_call>...</tool_call>", [call], [ToolResult(call, "42")]),
                Turn([2, 3], [0.0, 0.0], "<answer>42</answer>")],
         sample={"prompt": "6*7?", "answer": "#### 42", "expected_tool": "calculator"})
-    reward = build_reward(RewardConfig(functions=[
+    reward = build_scorer(RewardConfig(functions=[
         {"function": "rewards.rules:numeric_match", "name": "correct"},
         {"function": "rewards.rules:tags_present", "weight": 0.1, "name": "format"},
         {"function": "rewards.rules:right_tool", "weight": 0.2},

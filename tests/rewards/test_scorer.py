@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from rewards.combine import Component, Reward, RewardConfig, build_reward
+from rewards.combine import Component, RewardConfig
 from rewards.executors import RewardTimeout
 from rewards.loader import RewardError, RewardFn, RewardLoadError
-from rewards.scorer import RewardScorer, score_trajectories
+from rewards.scorer import Scorer, build_scorer, score_trajectories
 from rl_factory.types import Trajectory, Turn
 
 
@@ -34,7 +34,7 @@ def test_finished_trajectories_are_scored_while_others_still_roll_out():
         return 1.0
 
     async def main():
-        scorer = RewardScorer(RewardFn(reward))
+        scorer = Scorer.wrap(RewardFn(reward))
 
         async def rollout(i, seconds):  # what Agent.rollout_groups(on_done=scorer.submit) does
             await asyncio.sleep(seconds)
@@ -78,7 +78,7 @@ def test_on_error_zero_scores_the_failing_component_zero_and_counts_it(tmp_path)
         def always(completion):
             return 1.0
     """)
-    reward = build_reward(RewardConfig(on_error="zero", functions=[
+    reward = build_scorer(RewardConfig(on_error="zero", functions=[
         {"function": f"{path}:picky", "weight": 2.0}, {"function": f"{path}:always", "weight": 0.5}]))
     trajs = [make_traj("boom"), make_traj("fine")]
     metrics = asyncio.run(score_trajectories(reward, trajs))
@@ -100,13 +100,13 @@ def test_timeouts_count_as_errors_on_every_executor(tmp_path):
             return 1.0
     """)
     for function, executor in [("waits", "inline"), ("sleeps", "thread"), ("sleeps", "inline")]:
-        reward = build_reward(RewardConfig(function=f"{path}:{function}", executor=executor, timeout_s=0.1))
+        reward = build_scorer(RewardConfig(function=f"{path}:{function}", executor=executor, timeout_s=0.1))
         start = time.perf_counter()
         with pytest.raises(RewardError, match="RewardTimeout: .*reward.timeout_s") as err:
             asyncio.run(score_trajectories(reward, [make_traj()]))
         assert isinstance(err.value.__cause__, RewardTimeout)
         assert time.perf_counter() - start < 2, (function, executor)
-        zero = build_reward(RewardConfig(function=f"{path}:{function}", executor=executor, timeout_s=0.1,
+        zero = build_scorer(RewardConfig(function=f"{path}:{function}", executor=executor, timeout_s=0.1,
                                          on_error="zero"))
         traj = make_traj()
         assert asyncio.run(score_trajectories(zero, [traj]))["reward/errors"] == 1.0 and traj.reward == 0.0
@@ -116,7 +116,7 @@ def test_a_timeout_error_the_reward_raises_itself_is_not_called_a_timeout():
     async def reward(completion):
         raise TimeoutError("the grader's own deadline")
 
-    reward_fn = Reward([Component("grader", RewardFn(reward))], timeout_s=5.0)
+    reward_fn = Scorer([Component("grader", RewardFn(reward))], timeout_s=5.0)
     with pytest.raises(RewardError, match="failed on sample 0 .*: TimeoutError: the grader's own deadline"):
         asyncio.run(score_trajectories(reward_fn, [make_traj()]))
 
@@ -143,7 +143,7 @@ def needs_tools(completion, tools):
 
 def test_process_executor_runs_elsewhere_and_kills_a_timed_out_worker(tmp_path):
     path = write_rewards(tmp_path, PROCESS_REWARDS)
-    reward = build_reward(RewardConfig(executor="process", timeout_s=3.0, on_error="zero", max_concurrency=2,
+    reward = build_scorer(RewardConfig(executor="process", timeout_s=3.0, on_error="zero", max_concurrency=2,
                                        functions=[f"{path}:pid", f"{path}:hangs"]))
     try:
         trajs = [make_traj("hang", sample_index=0), make_traj("fine", sample_index=1)]
@@ -160,4 +160,4 @@ def test_process_executor_runs_elsewhere_and_kills_a_timed_out_worker(tmp_path):
     finally:
         reward.close()
     with pytest.raises(RewardLoadError, match="names `tools`.*reward.executor=thread"):
-        build_reward(RewardConfig(function=f"{path}:needs_tools", executor="process"))
+        build_scorer(RewardConfig(function=f"{path}:needs_tools", executor="process"))

@@ -31,8 +31,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rewards.combine import RewardConfig, build_reward
-from rewards.scorer import RewardScorer
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
 from rl_factory.config import section
 from rl_factory.types import Group, Trajectory
@@ -60,7 +60,7 @@ class ArenaGroups:
         if arena_cfg.anchor == "greedy":
             raise ValueError("algorithm.arena.anchor=greedy is not available on the verl backend "
                              "(use first or reference)")
-        reward = build_reward(section(ours, "reward", RewardConfig))
+        reward = build_scorer(section(ours, "reward", RewardConfig))
         arena = GroupArena(arena_cfg, reward)
         out_dir.mkdir(parents=True, exist_ok=True)
         arena.start(out_dir)
@@ -90,7 +90,7 @@ class ArenaGroups:
         if not trajs:
             return {}
         # Pointwise rewards first: `judge.type=reward` compares them, and arena/reward_spearman needs them.
-        await RewardScorer(self.reward, tools=self.tools).wait(trajs)
+        await self.reward.use_tools(self.tools).wait(trajs)
         if len(trajs) == 1:
             return {sessions[0]: 0.0}  # nobody to play; a group of one gets no advantage anyway
         scores, metrics = await self.arena.score_groups([Group(trajs[0].sample_index, trajs)], step)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rl_factory.config import ConfigError, redacted
+from rl_factory.config import ConfigError, printable, redacted, worker_config
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -135,7 +135,7 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
         raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "
                           "trajectory, and a prompt's n rollouts in one worker)")
     if print_only is not None:
-        print(OmegaConf.to_yaml(cfg, resolve=print_only == "resolve"))
+        print(printable(cfg, resolve=print_only == "resolve"))
         return {}
     from rl_factory.backends.verl.data import convert
     from rl_factory.components import DataConfig
@@ -190,7 +190,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
-    run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    run_ppo(worker_config(cfg), task_runner_class=TaskRunnerV1)  # its TaskRunner prints the config
     from rl_factory.run import RunDir
 
     RunDir(out_dir).write_report(bool(cfg.rl_factory.trainer.report))  # the final one, from the finished files

@@ -4,9 +4,10 @@ verl calls `compute_score(data_source, solution_str, ground_truth, extra_info, *
 RewardLoopWorker actors, one trajectory at a time, as each rollout finishes. `solution_str` is the
 decoded response *including tool observations*, which is not what our rewards score; instead the
 trajectory record our agent loop put in `extra_fields` (merged by verl into `extra_info`) is turned
-back into a `Trajectory`, and the run's reward (`reward.function` or weighted `reward.functions`, plus
-process rewards with `outcome_mode: sum`) scores it exactly as in the embedded backend. The launcher
-passes our `reward` and `env.tools` config as `reward_kwargs`.
+back into a `Trajectory`, and the run's `Scorer` (rewards.scorer: `reward.function` or weighted
+`reward.functions`, process rewards with `outcome_mode: sum`, the executor, `timeout_s`, type checks and
+`on_error`) scores it exactly as in the embedded backend. The launcher passes our `reward` and
+`env.tools` config as `reward_kwargs`.
 
 A reward that names `tools` gets the manifest's tools: the env is opened lazily in the reward worker
 and its servers start only if the reward calls one. Component scores and counters come back as
@@ -22,20 +23,18 @@ from rl_factory.backends.verl.records import RECORD_KEY, from_record, rollout_li
 from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.components import EnvConfig, open_env
 from rl_factory.config import section
-from rewards.combine import RewardConfig, build_reward
-from rewards.process import ProcessReward
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 
-_SCORERS: dict[str, _Scorer] = {}
+_SCORERS: dict[str, _WorkerScorer] = {}
 
 
-class _Scorer:
-    """The reward, process reward and (lazy) tool env of one reward worker process."""
+class _WorkerScorer:
+    """The run's `Scorer` and the (lazy) tool env of one reward worker process."""
 
     def __init__(self, reward_cfg: dict[str, Any], tools: Any, output_dir: str | None = None):
-        cfg = section({"reward": reward_cfg}, "reward", RewardConfig)
+        self.scorer = build_scorer(section({"reward": reward_cfg}, "reward", RewardConfig))
         self.output_dir = output_dir  # where the scored rollouts lines go (run_dir.py); None: nowhere
-        self.reward = build_reward(cfg)
-        self.process = ProcessReward(cfg.process, on_error=cfg.on_error)
         self.tools_cfg, self.env, self._lock = EnvConfig(tools=tools), None, asyncio.Lock()
 
     async def tools(self) -> Any:
@@ -46,11 +45,10 @@ class _Scorer:
 
     async def __call__(self, record: str) -> dict[str, Any]:
         traj = from_record(record)
-        traj.reward, traj.reward_info = await self.reward.score(traj, await self.tools())
-        result = {"score": traj.reward}
-        if self.process.enabled:
-            result["process"] = sum(await self.process.score(traj))
-            result["score"] = self.process.outcome(traj)
+        await self.scorer.score(traj, await self.tools())
+        result = {"score": self.scorer.outcome(traj)}  # plus the process rewards (outcome_mode: sum)
+        if self.scorer.process is not None:
+            result["process"] = sum(traj.process_rewards)
         result.update({f"reward/{k}": float(v) for k, v in traj.reward_info.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if self.output_dir:
@@ -69,7 +67,7 @@ async def compute_score(data_source: str = None, solution_str: str = None, groun
     settings = _plain(rl_factory or {})
     key = json.dumps(settings, sort_keys=True, default=str)
     if key not in _SCORERS:
-        _SCORERS[key] = _Scorer(settings.get("reward") or {}, settings.get("tools"), settings.get("output_dir"))
+        _SCORERS[key] = _WorkerScorer(settings.get("reward") or {}, settings.get("tools"), settings.get("output_dir"))
     return await _SCORERS[key](extra_info[RECORD_KEY])
 
 

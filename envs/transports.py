@@ -1,0 +1,283 @@
+"""How a connection reaches its MCP server: stdio, streamable HTTP or SSE, each with a byte cap.
+
+A registry (`TRANSPORTS`) keyed by `ServerSpec.transport`; each entry opens an async context that
+yields the SDK's `(read_stream, write_stream)` pair for a `ClientSession`.
+
+Every transport bounds what one message may cost. A message (a stdio line, an HTTP body line, an
+SSE event) longer than the connection's `max_message_bytes` is dropped while it is read, never
+buffered whole; its request fails with a JSON-RPC error whose message says "exceeded the N byte
+limit" (`mcp_client` counts it as a "too_large" tool error).
+
+stdio is our own small transport rather than the SDK's `stdio_client`, for three reasons: the SDK
+splits lines by concatenating strings (quadratic: 40 s for one 32 MiB line) and keeps the line
+whole; a dropped line must still answer its request; and the server's stderr must be scrubbed of
+its secrets before it reaches `tool_logs/<server>.log`, so it goes through a pipe we read rather
+than straight to the file. Spawning (own session, the SDK's default environment plus the
+manifest's `env`) and shutdown (close stdin, wait 2 s, SIGTERM the process group, 2 s, SIGKILL)
+follow the SDK.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import IO, TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp_types
+from mcp.client.sse import sse_client
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp.shared.message import SessionMessage
+
+if TYPE_CHECKING:
+    from envs.mcp_client import MCPServerConnection
+
+READ_CHUNK = 1 << 16
+STDERR_LINE_BYTES = 64 * 1024  # a longer stderr line is written (scrubbed) in pieces
+TERMINATE_GRACE_S = 2.0  # after closing stdin, then again after SIGTERM (the SDK's values)
+TOO_LARGE = -32097  # our JSON-RPC error code for a dropped oversized message
+ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
+HEAD_BYTES = 4096  # kept of a dropped message, to find its request id
+SSE_SLACK_BYTES = 64 * 1024
+
+
+def too_large_message(size: int, limit: int) -> str:
+    return f"message of {size} bytes exceeded the {limit} byte limit (env.max_tool_output_bytes x 16)"
+
+
+class MessageTooLarge(httpx2.StreamError):
+    """An HTTP body line past the byte cap (a StreamError: the SDK answers the request with it)."""
+
+
+# ---- stdio --------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def stdio_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any, Any]]:
+    spec = conn.spec
+    process = await anyio.open_process(
+        [spec.command, *spec.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**get_default_environment(), **spec.env}, cwd=spec.cwd, start_new_session=True)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def stdout_reader() -> None:
+        async with read_writer:
+            try:
+                async for line, size in read_lines(process.stdout, conn.max_message_bytes):
+                    await read_writer.send(_message(line, size, conn.max_message_bytes))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+                pass  # the process or the session is gone: the session sees the stream end
+
+    async def stdin_writer() -> None:
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode("utf-8", "replace"))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()  # a request must not wait on a server that cannot read it
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(stdin_writer)
+        tg.start_soon(pump_stderr, process.stderr, conn._errlog, spec.redact)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):  # the child must not outlive us, even on cancel
+                await write_stream.aclose()
+                await _stop(process)
+            tg.cancel_scope.cancel()
+
+
+async def read_lines(stream: anyio.abc.ByteReceiveStream, limit: int) -> AsyncIterator[tuple[bytes, int]]:
+    """Newline-framed messages as (bytes, size); past `limit` only the head is kept (and the size)."""
+    buf, size, over = bytearray(), 0, False
+    while True:
+        try:
+            chunk = await stream.receive(READ_CHUNK)
+        except anyio.EndOfStream:
+            return
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            size += len(piece)
+            if not over and size > limit:
+                over = True
+                del buf[HEAD_BYTES:]
+            if not over:
+                buf += piece
+            elif len(buf) < HEAD_BYTES:
+                buf += piece[:HEAD_BYTES - len(buf)]
+            if end < 0:
+                break
+            if size:
+                yield bytes(buf), size
+            buf, size, over, start = bytearray(), 0, False, end + 1
+
+
+def _message(line: bytes, size: int, limit: int) -> SessionMessage | Exception:
+    if size > limit:
+        found = ID_IN_HEAD.search(line)
+        error = mcp_types.ErrorData(code=TOO_LARGE, message=too_large_message(size, limit))
+        try:
+            request_id = json.loads(found.group(1)) if found else None
+        except ValueError:
+            request_id = None
+        if request_id is None:  # no id to answer: the request runs into its timeout
+            return ValueError(error.message)
+        return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+    try:
+        text = line.decode("utf-8", "replace")  # bad bytes must not kill the reader
+        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False))
+    except ValueError as exc:  # a stray print, a banner: the session logs it and goes on
+        return exc
+
+
+async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: IO[bytes] | None,
+                      redact: Callable[[str], str]) -> None:
+    """Copy a server's stderr into its log, line by line, with its secrets scrubbed."""
+    from envs.secrets import redact_known
+
+    pending = bytearray()
+    try:
+        while True:
+            try:
+                chunk = await stream.receive(READ_CHUNK)
+            except anyio.EndOfStream:
+                break
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1 or (len(pending) if len(pending) > STDERR_LINE_BYTES else 0)
+            if cut:
+                _write_log(log, redact_known(redact(pending[:cut].decode("utf-8", "replace"))))
+                del pending[:cut]
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        pass
+    if pending:
+        _write_log(log, redact_known(redact(pending.decode("utf-8", "replace"))))
+
+
+def _write_log(log: IO[bytes] | None, text: str) -> None:
+    if log is None or log.closed:
+        return
+    try:
+        log.write(text.encode("utf-8"))
+        log.flush()
+    except (OSError, ValueError):
+        pass  # a full disk must not take the connection down
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    for step in ("stdin", signal.SIGTERM, signal.SIGKILL):
+        if step == "stdin":
+            try:
+                await process.stdin.aclose()
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+        else:
+            try:
+                os.killpg(process.pid, step)
+            except (ProcessLookupError, PermissionError):
+                pass
+        # Polled, not process.wait(): that also waits for the pipes' EOF, which a grandchild holding
+        # them would delay forever.
+        with anyio.move_on_after(TERMINATE_GRACE_S):
+            while process.returncode is None:
+                await anyio.sleep(0.01)
+        if process.returncode is not None:
+            break
+    for pipe in (process.stdout, process.stderr):
+        try:
+            await pipe.aclose()
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+
+# ---- HTTP and SSE -------------------------------------------------------------------------------
+
+
+class CappedTransport(httpx2.AsyncBaseTransport):
+    """An httpx transport whose response bodies may not hold a line longer than `max_line_bytes`.
+
+    Lines, not whole bodies: an SSE stream may stay open for hours, but no one event (a line) and
+    no JSON body (one line) may be larger. Responses are asked for uncompressed (`identity`), so the
+    bytes counted are the bytes parsed.
+    """
+
+    def __init__(self, max_line_bytes: int, **transport_options: Any):
+        self.inner = httpx2.AsyncHTTPTransport(**transport_options)
+        self.max_line_bytes = max_line_bytes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.headers["Accept-Encoding"] = "identity"
+        response = await self.inner.handle_async_request(request)
+        response.stream = _CappedStream(response.stream, self.max_line_bytes)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, limit: int):
+        self.inner, self.limit = inner, limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        run = 0  # bytes since the last newline
+        async for chunk in self.inner:
+            first = chunk.find(b"\n")
+            longest = run + (len(chunk) if first < 0 else first)
+            if longest > self.limit:
+                raise MessageTooLarge(too_large_message(longest, self.limit))
+            run = run + len(chunk) if first < 0 else len(chunk) - chunk.rfind(b"\n") - 1
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def http_client(conn: MCPServerConnection, headers: dict[str, str] | None = None,
+                timeout: httpx2.Timeout | None = None, auth: Any = None) -> httpx2.AsyncClient:
+    """The httpx client of an HTTP/SSE connection (the SDK's timeouts, our byte cap)."""
+    # Each in-flight call holds its own connection (a POST answered by an SSE stream), so keep as
+    # many alive as calls may be in flight: httpx's default of 20 reconnected per call past 20 in
+    # flight (5x slower; benchmarks/README.md). `max_concurrency` bounds the total.
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=conn.spec.max_concurrency)
+    # A little above the SSE event cap, so an oversized event is reported by the SDK's own event
+    # decoder (which answers its request) rather than by a broken stream.
+    line_cap = conn.max_message_bytes + SSE_SLACK_BYTES
+    return httpx2.AsyncClient(
+        headers=headers, auth=auth, transport=CappedTransport(line_cap, limits=limits),
+        timeout=timeout or httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+
+
+@asynccontextmanager
+async def streamable_http_transport(conn: MCPServerConnection) -> AsyncIterator[Any]:
+    # In SDK 2.x headers live on the httpx2 client, which we then own and must close.
+    async with (http_client(conn, headers=conn.spec.headers or None) as client,
+                streamable_http_client(conn.spec.url, http_client=client,
+                                       max_sse_event_size=conn.max_message_bytes) as streams):
+        yield streams
+
+
+def sse_transport(conn: MCPServerConnection) -> AbstractAsyncContextManager:
+    return sse_client(conn.spec.url, headers=conn.spec.headers or None,
+                      httpx_client_factory=lambda headers=None, timeout=None, auth=None:
+                      http_client(conn, headers, timeout, auth))
+
+
+TRANSPORTS: dict[str, Callable[[MCPServerConnection], AbstractAsyncContextManager]] = {
+    "stdio": stdio_transport,
+    "streamable_http": streamable_http_transport,
+    "sse": sse_transport,
+}

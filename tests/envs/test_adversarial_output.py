@@ -1,0 +1,191 @@
+"""No model output can crash a step: both parsers and a full rollout against arbitrary and adversarial
+assistant text (hypothesis), plus the cases that did crash: deep nesting, huge numbers, lone UTF-16
+surrogates, 200 calls in one turn.
+
+The property tests assert what a step needs downstream: `parse` returns, every call's arguments are
+a dict (or None with an error), everything is valid Unicode (the rollout file is written as UTF-8),
+everything serializes as JSON, and the tool env turns every call into a result, never an exception.
+"""
+import asyncio
+import json
+import string
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envs import ToolEnv, ToolLimits, get_parser
+from envs.parsers.safe_json import MAX_DEPTH, MAX_NUMBER_CHARS
+from rl_factory.chat import ChatFormat
+from rl_factory.engines.base import SamplingParams
+from rl_factory.engines.scripted import ScriptedEngine
+from rl_factory.evaluate import write_rollouts
+from rl_factory.rollout import Agent, RolloutConfig
+from rl_factory.types import ToolCall
+
+PARSERS = ["hermes", "qwen3_xml"]
+TOOLS = [{"type": "function", "function": {"name": "evaluate", "description": "", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}, "n": {"type": "integer"},
+                                     "xs": {"type": "array"}}, "required": ["expression"]}}}]
+FUNCTION_TOOLS = {"functions": ["envs.servers.calculator:evaluate"]}
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=100_000)
+
+
+# ---- the strategies: what a model might write -------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+nasty_fragments = st.sampled_from([
+    "[" * 5000 + "]" * 5000, "{\"a\":" * 3000 + "1" + "}" * 3000, "1" * 5000, "-" + "9" * 400 + ".5e99999",
+    '"\\ud800"', '"\\udfff\\ud800"', "NaN", "Infinity", "\x00", "\ufeff", "<tool_call>", "</tool_call>",
+    "<function=", "<parameter=", "</function>", "</parameter>", "\\", '"', "\n", "<|im_end|>",
+])
+
+
+@st.composite
+def hermes_call(draw) -> str:
+    name = draw(st.one_of(st.just("evaluate"), st.text(max_size=12), st.just('\\ud800bad'), nasty_fragments))
+    arguments = draw(st.one_of(json_values, nasty_fragments, st.text(max_size=30)))
+    body = draw(st.one_of(
+        st.just(json.dumps({"name": name, "arguments": arguments}) if not isinstance(arguments, str) or
+                arguments not in string.printable else '{"name": "%s", "arguments": %s}' % (name, arguments)),
+        st.just('{"name": "%s", "arguments": %s}' % (name, arguments if isinstance(arguments, str) else "{}")),
+        st.text(max_size=60)))
+    closed = draw(st.booleans())
+    return "<tool_call>\n" + body + ("\n</tool_call>" if closed else "")
+
+
+@st.composite
+def xml_call(draw) -> str:
+    params = draw(st.lists(st.tuples(st.sampled_from(["expression", "n", "xs", "", "x" * 300]),
+                                     st.one_of(st.text(max_size=30), nasty_fragments)), max_size=4))
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    name = draw(st.one_of(st.just("evaluate"), st.text(max_size=10), st.just("y" * 500)))
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+assistant_text = st.one_of(
+    st.text(max_size=300),
+    st.lists(st.one_of(st.text(max_size=40), hermes_call(), xml_call(), nasty_fragments), max_size=8).map("".join),
+)
+
+
+def check_parse(parser_name: str, text: str):
+    content, calls = get_parser(parser_name, tools=TOOLS).parse(text)
+    assert isinstance(content, str)
+    content.encode("utf-8")  # valid Unicode: no lone surrogate reaches a writer
+    for call in calls:
+        assert isinstance(call.name, str)
+        call.name.encode("utf-8")
+        assert (call.arguments is None) == (call.error is not None)
+        if call.arguments is not None:
+            assert isinstance(call.arguments, dict)
+            json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")  # serializable, no RecursionError
+    return calls
+
+
+@pytest.mark.parametrize("parser_name", PARSERS)
+@given(text=assistant_text)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_parsers_never_raise(parser_name, text):
+    check_parse(parser_name, text)
+
+
+@pytest.mark.parametrize("parser_name", PARSERS)
+@given(text=assistant_text)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_tool_env_turns_every_parsed_call_into_a_result(parser_name, text):
+    calls = check_parse(parser_name, text)
+
+    async def run():
+        async with ToolEnv.from_manifest(FUNCTION_TOOLS) as env:
+            return await env.call_batch(calls)
+
+    results = asyncio.run(run())
+    assert len(results) == len(calls)
+    for result in results:
+        result.text.encode("utf-8")
+        assert result.ok or result.error_kind and result.text.startswith("Error")
+
+
+# ---- the findings, one by one -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "evaluate", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"name": "evaluate", "arguments": {"n": ' + "9" * 10_000 + "}}",
+    '{"name": "evaluate", "arguments": {"n": 1' + "0" * 400 + ".5}}",
+])
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_deep_nesting_and_long_numbers_become_errors_the_model_sees(parser_name, body):
+    if parser_name == "qwen3_xml":  # the same JSON as a typed parameter value
+        body = body.split('"arguments": ', 1)[1][:-1]
+        text = f"<tool_call>\n<function=evaluate>\n<parameter=xs>\n{body}\n</parameter>\n</function>\n</tool_call>"
+    else:
+        text = f"<tool_call>\n{body}\n</tool_call>"
+    (call,) = check_parse(parser_name, text)
+    if parser_name == "hermes":
+        assert call.arguments is None
+        assert f"at most {MAX_DEPTH}" in call.error or f"at most {MAX_NUMBER_CHARS}" in call.error
+    else:
+        assert isinstance(call.arguments["xs"], str)  # left as text; the schema check will say so
+
+
+def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_written(tmp_path):
+    text = '<tool_call>\n{"name": "\\ud800evaluate", "arguments": {"expression": "\\udfff 1+1"}}\n</tool_call>'
+    (call,) = check_parse("hermes", text)
+    assert call.arguments is None and "valid Unicode" in call.error
+    (ok,) = check_parse("hermes", text.replace("\\ud800evaluate", "evaluate"))
+    assert ok.arguments == {"expression": "\ufffd 1+1"}  # repaired to U+FFFD in arguments
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+async def rollout(tokenizer, script, limits=None, **cfg):
+    async with ToolEnv.from_manifest(FUNCTION_TOOLS, limits=limits) as env:
+        tools = await env.list_tools()
+        config = RolloutConfig(**{"max_turns": 2, "max_response_tokens": 100_000, "max_total_tokens": 1_000_000,
+                                  "max_tool_response_tokens": 64, **cfg})
+        agent = Agent(ScriptedEngine(tokenizer, script), env, ChatFormat(tokenizer, tools), get_parser("hermes"),
+                      config)
+        traj = await agent.rollout({"messages": [{"role": "user", "content": "hi"}]}, 0, GREEDY)
+        return traj, env.metrics()
+
+
+@given(text=assistant_text)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+def test_a_full_rollout_never_raises(tokenizer, tmp_path, text):
+    traj, _ = asyncio.run(rollout(tokenizer, [text, "done"]))
+    write_rollouts(tmp_path / "step.jsonl", [traj])
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_surrogates_in_a_trajectory_still_write_the_rollout_file(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "\\ud800x", "arguments": {}}\n</tool_call>'
+    traj, metrics = asyncio.run(rollout(tokenizer, [call, "done"]))
+    traj.turns[0].tool_calls.append(ToolCall("\ud800", {"k": "\udfff"}))  # even one that skipped the parser
+    write_rollouts(tmp_path / "step.jsonl", [traj])
+    line = (tmp_path / "step.jsonl").read_text(encoding="utf-8")
+    assert json.loads(line)["tool_calls"][-1]["name"] == "\ud800"  # written escaped, read back as is
+    assert metrics["tool/errors/parse"] == 1 and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_two_hundred_calls_in_one_turn_are_capped(tokenizer):
+    calls = "".join('<tool_call>\n{"name": "evaluate", "arguments": {"expression": "%d + 1"}}\n</tool_call>\n' % i
+                    for i in range(200))
+    start = time.perf_counter()
+    traj, metrics = asyncio.run(rollout(tokenizer, [calls, "done"], limits=ToolLimits(max_calls_per_turn=16)))
+    results = traj.turns[0].tool_results
+    assert [r.ok for r in results[:16]] == [True] * 16 and [r.text for r in results[:2]] == ["1", "2"]
+    assert {r.error_kind for r in results[16:]} == {"too_many_calls"} and len(results) == 200
+    assert "at most 16 run per turn (env.max_calls_per_turn)" in results[16].text
+    assert metrics["tool/errors/too_many_calls"] == 184
+    assert time.perf_counter() - start < 30
