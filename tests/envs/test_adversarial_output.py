@@ -1,6 +1,6 @@
 """No model output can crash a step: both parsers and a full rollout against arbitrary and adversarial
 assistant text (hypothesis), plus the cases that did crash: deep nesting, huge numbers, lone UTF-16
-surrogates, 200 calls in one turn.
+surrogates, 200 calls in one turn (capped, so they cannot starve a sibling trajectory's call).
 
 The property tests assert what a step needs downstream: `parse` returns, every call's arguments are
 a dict (or None with an error), everything is valid Unicode (the rollout file is written as UTF-8),
@@ -189,3 +189,19 @@ def test_two_hundred_calls_in_one_turn_are_capped(tokenizer):
     assert "at most 16 run per turn (env.max_calls_per_turn)" in results[16].text
     assert metrics["tool/errors/too_many_calls"] == 184
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_calls_does_not_starve_a_sibling_trajectorys_call(tmp_path, write_manifest, fault_server):
+    # A server that serves one call at a time, and a per-call timeout of 2 s. Uncapped, the sibling's
+    # call would queue on the server behind up to max_concurrency (64) of the flood's calls: 3.2 s.
+    path = write_manifest(tmp_path, {"faulty": fault_server(timeout_s=2)})
+    async with ToolEnv.from_manifest(path) as env:  # default limits: 16 calls of a turn run
+        await env.list_tools()
+        flood = asyncio.ensure_future(env.call_batch([ToolCall("serial", {"seconds": 0.05})] * 200))
+        await asyncio.sleep(0.1)  # the flood's calls reach the server first
+        (sibling,) = await env.call_batch([ToolCall("serial", {"seconds": 0.05})])
+        flooded = await flood
+    assert sibling.ok, sibling.text
+    assert all(r.ok for r in flooded[:16]), [r.text for r in flooded[:16] if not r.ok]
+    assert {r.error_kind for r in flooded[16:]} == {"too_many_calls"}
