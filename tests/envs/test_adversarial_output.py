@@ -142,6 +142,27 @@ def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_wri
     assert ok.arguments == {"expression": "\ufffd 1+1"}  # repaired to U+FFFD in arguments
 
 
+NAMED = {  # one tool name, as each wire format writes it
+    "hermes": '<tool_call>\n{"name": "%s", "arguments": {"expression": "1"}}\n</tool_call>',
+    "qwen3_xml": "<tool_call>\n<function=%s>\n<parameter=expression>\n1\n</parameter>\n</function>\n</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", ["evaluate\ud800", "\udfffevaluate", "evaluate\ufffd", "e" * 201])
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_both_parsers_refuse_the_same_invalid_tool_names(parser_name, name):
+    (call,) = check_parse(parser_name, NAMED[parser_name] % name)
+    assert (call.name, call.arguments) == ("", None)
+    assert call.error == "the tool name must be at most 200 characters of valid Unicode"
+    results = asyncio.run(_call_batch([call]))
+    assert results[0].error_kind == "parse"  # not "unknown_tool": the model is told what was wrong
+
+
+async def _call_batch(calls):
+    async with ToolEnv.from_manifest(FUNCTION_TOOLS) as env:
+        return await env.call_batch(calls)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
