@@ -134,12 +134,20 @@ def test_deep_nesting_and_long_numbers_become_errors_the_model_sees(parser_name,
         assert isinstance(call.arguments["xs"], str)  # left as text; the schema check will say so
 
 
-def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_written(tmp_path):
-    text = '<tool_call>\n{"name": "\\ud800evaluate", "arguments": {"expression": "\\udfff 1+1"}}\n</tool_call>'
-    (call,) = check_parse("hermes", text)
-    assert call.arguments is None and "valid Unicode" in call.error
-    (ok,) = check_parse("hermes", text.replace("\\ud800evaluate", "evaluate"))
-    assert ok.arguments == {"expression": "\ufffd 1+1"}  # repaired to U+FFFD in arguments
+def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_written(tokenizer, tmp_path):
+    bad = '<tool_call>\n{"name": "\\ud800evaluate", "arguments": {"expression": "\\udfff 1+1"}}\n</tool_call>'
+    good = bad.replace("\\ud800evaluate", "evaluate")
+    traj, metrics = asyncio.run(rollout(tokenizer, [bad + "\n" + good, "done"]))
+    path = tmp_path / "rollouts" / "step_000001.jsonl"  # where the trainer writes a step's trajectories
+    write_rollouts(path, [traj])
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no .tmp left behind
+    record = json.loads(path.read_bytes().decode("utf-8"))  # strict UTF-8: nothing unencodable got in
+    refused, repaired = record["tool_calls"]
+    assert refused["name"] == "" and refused["arguments"] is None and "valid Unicode" in refused["error"]
+    assert repaired == {"name": "evaluate", "arguments": {"expression": "\ufffd 1+1"}, "error": None}
+    assert [r["error_kind"] for r in record["tool_results"]] == ["parse", "server_error"]  # "\ufffd 1+1" is no sum
+    assert record["turn_texts"][0] == bad + "\n" + good  # the model's own escapes, kept as it wrote them
+    assert metrics["tool/errors/parse"] == 1
 
 
 NAMED = {  # one tool name, as each wire format writes it
