@@ -267,8 +267,8 @@ def http_client(conn: MCPServerConnection, headers: dict[str, str] | None = None
     # many alive as calls may be in flight: httpx's default of 20 reconnected per call past 20 in
     # flight (5x slower; benchmarks/README.md). `max_concurrency` bounds the total.
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=conn.spec.max_concurrency)
-    # A little above the SSE event cap, so an oversized event is reported by the SDK's own event
-    # decoder (which answers its request) rather than by a broken stream.
+    # A little above the SSE event cap, so that over streamable HTTP an oversized event is reported
+    # by the SDK's own event decoder (which answers its request) rather than by a broken stream.
     line_cap = conn.max_message_bytes + SSE_SLACK_BYTES
     return httpx2.AsyncClient(
         headers=headers, transport=CappedTransport(line_cap, events_capped_by_reader, limits=limits),
