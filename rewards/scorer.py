@@ -31,6 +31,7 @@ from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
 from rewards.process import ProcessReward, turn_kwargs
 from rl_factory.guard import passes_through
+from rl_factory.loop_local import LoopLocal
 
 if TYPE_CHECKING:
     from rl_factory.types import Trajectory
@@ -70,7 +71,7 @@ class Scorer:
         self.name = " + ".join(f"{c.weight:g}*{c.name}" for c in components) if named else components[0].fn.name
         self.max_concurrency = max_concurrency
         self.tools = RewardTools(None)
-        self._slots: tuple[Any, asyncio.Semaphore] | None = None  # (loop, semaphore): made inside the loop
+        self._slots = LoopLocal(lambda: asyncio.Semaphore(self.max_concurrency))
         self._tasks: dict[int, asyncio.Task] = {}  # id(trajectory) -> its scoring task
 
     @classmethod
@@ -178,10 +179,7 @@ class Scorer:
             self._tasks[id(traj)] = asyncio.ensure_future(self._score_bounded(traj))
 
     async def _score_bounded(self, traj: Trajectory) -> None:
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:  # one scorer may serve several asyncio.run
-            self._slots = (loop, asyncio.Semaphore(self.max_concurrency))
-        async with self._slots[1]:
+        async with self._slots.get():
             await self.score(traj)
 
     async def wait(self, trajs: list[Trajectory]) -> dict[str, float]:
