@@ -57,6 +57,8 @@ JOB = {"prompts": 16, "n": 8, "temperature": 1.0, "lr": 3e-4, "warmup_steps": 3,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="training seed of both runs (the starting model is always the one built from seed 0)")
     parser.add_argument("--tool-latency-ms", type=float, default=0.0)
     parser.add_argument("--out", default=None, help="run directories (default: a temporary directory)")
     parser.add_argument("--skip-eval", action="store_true", help="no main_eval.sh of the final models")
@@ -76,11 +78,11 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     tools, model_dir = asyncio.run(calculator_model())
     manifest = slow_manifest(out, args.tool_latency_ms)
     result: dict[str, Any] = {"benchmark": "vs_trl", "steps": args.steps, "tool_latency_ms": args.tool_latency_ms,
-                              "job": JOB, "model": str(model_dir)}
+                              "job": {**JOB, "seed": args.seed}, "model": str(model_dir)}
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if args.only in (None, "ours"):
-        result["ours"] = run_ours(args, out / "ours", manifest, env)
+        result["ours"] = run_ours(args, out / "ours", manifest, model_dir, env)
     if args.only in (None, "trl"):
         missing = trl_missing()
         if missing:
@@ -127,9 +129,11 @@ def slow_manifest(out: Path, latency_ms: float) -> Path:
 
 # ---- ours ---------------------------------------------------------------------------------------
 
-def run_ours(args, out: Path, manifest: Path, env: dict) -> dict[str, Any]:
+def run_ours(args, out: Path, manifest: Path, model_dir: Path, env: dict) -> dict[str, Any]:
+    # the built model's directory, not builtin:: `seed` would otherwise also pick another model to build
     cmd = ["bash", str(ROOT / "main_grpo.sh"), f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}",
-           f"env.tools={manifest}", "trainer.progress=false", "trainer.resume=never"]
+           f"env.tools={manifest}", "trainer.progress=false", "trainer.resume=never", f"seed={args.seed}",
+           f"model.path={model_dir}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -181,7 +185,7 @@ def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict) -> d
     """TRL in a process of its own, like ours (same threads, a fresh interpreter)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = {"out": str(out), "model": str(model_dir), "schema": tools[0], "steps": args.steps,
-            "latency_s": args.tool_latency_ms / 1000}
+            "latency_s": args.tool_latency_ms / 1000, "seed": args.seed}
     (out / "spec.json").write_text(json.dumps(spec))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--trl-worker", str(out / "spec.json")], cwd=ROOT, env=env,
@@ -286,7 +290,7 @@ def trl_worker(spec: dict) -> None:
         tokenizer.response_schema = trl_chat.qwen3_schema
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     config = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["steps"], seed=JOB["seed"], use_cpu=True, bf16=False,
+        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=True, bf16=False,
         per_device_train_batch_size=JOB["prompts"] * JOB["n"], gradient_accumulation_steps=1,
         num_generations=JOB["n"], temperature=JOB["temperature"], top_p=1.0,
         learning_rate=JOB["lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=JOB["warmup_steps"],
