@@ -41,6 +41,7 @@ from mcp.types import CallToolResult, PaginatedRequestParams, Tool
 
 from envs.manifest import ServerSpec, describe_transport
 from envs.transports import TOO_LARGE, TRANSPORTS
+from rl_factory.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ CONNECTION_CLOSED, REQUEST_TIMEOUT = -32000, -32001
 OVER_BYTE_LIMIT = re.compile(r"exceeded the \d+ byte limit")
 
 
-class ToolEnvError(RuntimeError):
+class ToolEnvError(UserError, RuntimeError):
     """The tool environment cannot be set up (a server did not start, two serve one tool, ...)."""
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rl_factory.errors import ConfigError
+
 HUB_TIMEOUT_S = 3.0
 
 
-class HubUnreachable(ValueError):
+class HubUnreachable(ConfigError):
     """A hub model id that is not cached locally while the hub cannot be reached."""
 
 

@@ -176,7 +176,7 @@ def _corr(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rl_factory.cli import _user_errors
+    from rl_factory.cli import USER_ERRORS, print_user_error
     from rl_factory.run import setup_logging
 
     parser = argparse.ArgumentParser(prog="python -m rl_factory.rescore", description=__doc__.split("\n\n")[0])
@@ -188,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         summary = rescore(args.run_dir, args.overrides, args.split, args.out)
-    except _user_errors() as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:
+        return print_user_error(exc)
     _print(summary)
     return 0
 
