@@ -18,6 +18,7 @@ from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
+from rl_factory.run import write_config
 from rl_factory.tracking import json_safe
 from rewards.scorer import build_scorer
 
@@ -116,9 +117,10 @@ async def _run_eval(cfg) -> dict[str, Any]:
 
 
 def _start_output(out: Path, cfg, env) -> None:
-    """tool_logs/, once the model and the servers are up: an evaluation that cannot start leaves no
-    directory behind."""
+    """config.yaml (resolved, redacted: what `rl_factory.rescore` reads) and tool_logs/, once the model
+    and the servers are up: an evaluation that cannot start leaves no directory behind."""
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, cfg)
     env.log_to(out / "tool_logs")
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          script_env, strict_json, tiny_overrides)
@@ -292,3 +293,34 @@ def test_rescore_with_the_runs_own_reward_reproduces_it_and_a_new_one_differs(fi
                          capture_output=True, text=True, timeout=120, env=script_env())
     assert bad.returncode == 2 and "functon" in bad.stderr and "Traceback" not in bad.stderr
 
+    # An error line that would hold a secret from the environment shows its reference instead.
+    secret = "sk-rescore-0123456789abcdef"
+    leak = subprocess.run([sys.executable, "-m", "rl_factory.rescore", str(run),
+                           "reward.function=/nonexistent/${oc.env:RLF_RESCORE_API_KEY}.py:reward"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**script_env(), "RLF_RESCORE_API_KEY": secret})
+    assert leak.returncode == 2 and "reward file not found" in leak.stderr, leak.stderr
+    assert secret not in leak.stderr + leak.stdout and "${oc.env:RLF_RESCORE_API_KEY}" in leak.stderr
+
+
+def test_rescore_of_an_eval_directory_reads_its_config_and_rows(first_run):
+    run, tmp = first_run["run"], first_run["tmp"]
+    ckpt = run / "checkpoints" / "step_000002"
+    out = tmp / "eval_to_rescore"
+    done = run_script("main_eval.sh", f"model.path={ckpt}", "eval.limit=3", f"env.tools={first_run['manifest']}",
+                      "rollout.max_response_tokens=32", "model.device=cpu", f"eval.output_dir={out}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())  # resolved and redacted, as a run's
+    assert config["model"]["path"] == str(ckpt) and config["eval"]["limit"] == 3
+    assert config["eval"]["files"] == config["data"]["val_files"] and "${" not in config["eval"]["files"]
+    # `kind` is a column of the eval rows only (not of the stored records): 1 where the rows were reloaded
+    reward = tmp / "has_kind.py"
+    reward.write_text("def reward(kind, **_):\n    return 1.0 if kind else 0.0\n")
+    for split in ("all", "eval"):
+        rescored = subprocess.run([sys.executable, "-m", "rl_factory.rescore", str(out), f"reward.function={reward}:reward",
+                                   "--split", split, "--out", str(out / f"rs_{split}")], cwd=REPO, capture_output=True,
+                                  text=True, timeout=120, env=script_env())
+        assert rescored.returncode == 0, rescored.stderr
+        summary = json.loads((out / f"rs_{split}" / "summary.json").read_text())
+        assert summary["trajectories"] == 3 and summary["new_mean"] == 1.0
+        assert [s["split"] for s in summary["per_step"]] == ["eval"]
