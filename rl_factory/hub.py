@@ -45,12 +45,12 @@ def is_cached(repo_id: str) -> bool:
 
 
 def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
-    import httpx
+    import httpx2
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     try:
-        httpx.head(endpoint, timeout=timeout_s, follow_redirects=False)
-    except httpx.HTTPError:
+        httpx2.head(endpoint, timeout=timeout_s, follow_redirects=False)
+    except httpx2.HTTPError:
         return False
     return True
 
