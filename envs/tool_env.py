@@ -159,8 +159,9 @@ class ToolEnv:
         written so far (appended). A run starts its servers with anonymous logs (`log_dir=None`) and
         moves them into its run directory once it has passed its start-up checks."""
         for source in self._sources:
-            if isinstance(source, MCPServerConnection):
-                source.log_to(directory)
+            move = getattr(source, "log_to", None)  # sources that keep logs (servers); functions have none
+            if move is not None:
+                move(directory)
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """Start the servers if needed (once) and return `tools`."""
