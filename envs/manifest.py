@@ -50,6 +50,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
 from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
+from rl_factory.errors import UserError
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ PYTHON_COMMANDS = {"python", "python3"}
 _ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """An unusable tool manifest; the message names the file and the offending key."""
 
 

@@ -22,15 +22,18 @@ not UTF-8) is logged by the SDK and skipped: we decode with errors="replace", so
 kill the reader. Messages we print or log pass through `spec.redact` (no secrets).
 
 A stdio server's stderr goes to `<log_dir>/<server>.log`, or to an anonymous temporary file when
-no log dir is given; either way its tail is quoted when the server fails to start.
+no log dir is given; either way its tail is quoted when the server fails to start. `log_to` moves
+it into a directory later (what it wrote so far included), so a run can start its servers before
+it writes anything into its run directory.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import tempfile
 import re
+import shutil
+import tempfile
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +44,7 @@ from mcp.types import CallToolResult, PaginatedRequestParams, Tool
 
 from envs.manifest import ServerSpec, describe_transport
 from envs.transports import TOO_LARGE, TRANSPORTS
+from rl_factory.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ CONNECTION_CLOSED, REQUEST_TIMEOUT = -32000, -32001
 OVER_BYTE_LIMIT = re.compile(r"exceeded the \d+ byte limit")
 
 
-class ToolEnvError(RuntimeError):
+class ToolEnvError(UserError, RuntimeError):
     """The tool environment cannot be set up (a server did not start, two serve one tool, ...)."""
 
 
@@ -178,6 +182,26 @@ class MCPServerConnection:
 
     def _open_transport(self) -> AbstractAsyncContextManager:
         return TRANSPORTS[self.spec.transport](self)
+
+    def log_to(self, directory: str | os.PathLike) -> None:
+        """Keep this server's stderr in `<directory>/<name>.log` from now on, after what it wrote so far.
+
+        The log is appended to (a resumed run's log reads on). Synchronous, so no stderr line can fall
+        between the copy and the switch: the pump writes to whichever file `_errlog` is.
+        """
+        old, self._log_dir = self._errlog, Path(directory)
+        if old is None or old.closed:  # not started (or not stdio): opened in the new place at start
+            return
+        new = self._open_errlog()
+        if os.path.sameopenfile(old.fileno(), new.fileno()):
+            new.close()
+            return
+        old.flush()
+        old.seek(0)
+        shutil.copyfileobj(old, new)
+        new.flush()
+        self._errlog = new
+        old.close()
 
     def _open_errlog(self) -> IO[bytes]:
         if self._log_dir is None:

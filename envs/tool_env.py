@@ -154,6 +154,15 @@ class ToolEnv:
         self._started = False
         await asyncio.gather(*(s.stop() for s in self._sources), return_exceptions=True)
 
+    def log_to(self, directory: str | os.PathLike) -> None:
+        """From now on keep every stdio server's stderr in `<directory>/<server>.log`, with what it has
+        written so far (appended). A run starts its servers with anonymous logs (`log_dir=None`) and
+        moves them into its run directory once it has passed its start-up checks."""
+        for source in self._sources:
+            move = getattr(source, "log_to", None)  # sources that keep logs (servers); functions have none
+            if move is not None:
+                move(directory)
+
     async def list_tools(self) -> list[dict[str, Any]]:
         """Start the servers if needed (once) and return `tools`."""
         await self._ensure_started()

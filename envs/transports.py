@@ -102,7 +102,7 @@ async def stdio_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any,
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)
         tg.start_soon(stdin_writer)
-        tg.start_soon(pump_stderr, process.stderr, conn._errlog, spec.redact)
+        tg.start_soon(pump_stderr, process.stderr, lambda: conn._errlog, spec.redact)  # log_to may move it
         try:
             yield read_stream, write_stream
         finally:
@@ -152,9 +152,10 @@ def _message(line: bytes, size: int, limit: int) -> SessionMessage | Exception:
         return exc
 
 
-async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: IO[bytes] | None,
+async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[bytes] | None],
                       redact: Callable[[str], str]) -> None:
-    """Copy a server's stderr into its log, line by line, with its secrets scrubbed."""
+    """Copy a server's stderr into its log (`log()`: the file it goes to now), line by line, with its
+    secrets scrubbed."""
     from envs.secrets import redact_known
 
     pending = bytearray()
@@ -167,12 +168,12 @@ async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: IO[bytes] | None
             pending += chunk
             cut = pending.rfind(b"\n") + 1 or (len(pending) if len(pending) > STDERR_LINE_BYTES else 0)
             if cut:
-                _write_log(log, redact_known(redact(pending[:cut].decode("utf-8", "replace"))))
+                _write_log(log(), redact_known(redact(pending[:cut].decode("utf-8", "replace"))))
                 del pending[:cut]
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     if pending:
-        _write_log(log, redact_known(redact(pending.decode("utf-8", "replace"))))
+        _write_log(log(), redact_known(redact(pending.decode("utf-8", "replace"))))
 
 
 def _write_log(log: IO[bytes] | None, text: str) -> None:

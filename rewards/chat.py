@@ -124,11 +124,9 @@ class ChatClient:
 
 
 def _httpx():
-    try:
-        import httpx2 as httpx  # what the MCP SDK 2.x installs
-    except ImportError:  # pragma: no cover - environments with classic httpx only
-        import httpx
-    return httpx
+    import httpx2  # the declared client (no fallback to httpx: rl_factory.http needs httpx2 anyway)
+
+    return httpx2
 
 
 def json_objects(text: str, parse_float: Callable[[str], Any] | None = None) -> list[dict]:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_factory.errors import UserError
 from rl_factory.imports import import_file
 from rl_factory.types import ToolCall, ToolResult
 
@@ -43,11 +44,11 @@ REWARD_ARGS = (
 )
 
 
-class RewardLoadError(ValueError):
+class RewardLoadError(UserError, ValueError):
     """The reward spec cannot be turned into a function (bad spec, file, import or name)."""
 
 
-class RewardError(RuntimeError):
+class RewardError(UserError, RuntimeError):
     """The reward function raised or returned something that is not a score."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_factory.errors import ConfigError
+
 _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
 
@@ -22,14 +24,14 @@ class ChatFormat:
 
     def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
+            raise ConfigError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.eos_token_id = tokenizer.eos_token_id
         base = self._render(_BASE)
         eos = tokenizer.eos_token
         if eos not in base:
-            raise ValueError(f"chat template never writes the eos token {eos!r}; cannot end turns")
+            raise ConfigError(f"chat template never writes the eos token {eos!r}; cannot end turns")
         # What the template writes after the end-of-turn token (Qwen: "\n"); the engine stops on the
         # eos token itself, so observation deltas start with this glue.
         self._glue = base[base.rindex(eos) + len(eos):]
@@ -51,7 +53,7 @@ class ChatFormat:
         """Ids appended after a generated turn that ended with eos: the tool turn + next header."""
         full = self._render(_BASE + tool_messages, add_generation_prompt=True)
         if not full.startswith(self._base):
-            raise ValueError("chat template renders earlier turns differently once tool turns follow; "
+            raise ConfigError("chat template renders earlier turns differently once tool turns follow; "
                              "observation deltas cannot be computed for it")
         return self.encode(self._glue + full[len(self._base):])
 

@@ -13,20 +13,22 @@ import logging
 import os
 import sys
 
-USER_ERRORS: tuple[type[BaseException], ...] = ()
+from rl_factory.errors import UserError
+
+# Mistakes in what the user gave: one line and exit 2. Every other exception is a bug and keeps its
+# traceback. FileNotFoundError: a path the user named (a run directory, a checkpoint, a data file).
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from envs.manifest import ManifestError
-    from envs.mcp_client import ToolEnvError
-    from rewards.loader import RewardError, RewardLoadError
-    from rl_factory.config import ConfigError
-    from rl_factory.data import DatasetError
-    from rl_factory.tracking import TrackingError
+def print_user_error(exc: BaseException) -> int:
+    """The one-line error (and its cause, if any) on stderr, secrets masked; returns exit code 2."""
+    from envs.secrets import redact_known
 
-    # ToolEnvError: a server that does not start (a wrong command, an unreachable URL).
-    return (ConfigError, ManifestError, ToolEnvError, DatasetError, RewardLoadError, RewardError,
-            TrackingError, FileNotFoundError, ValueError, KeyError)
+    print(redact_known(f"error: {exc}"), file=sys.stderr)
+    cause = exc.__cause__
+    if cause is not None:
+        print(redact_known(f"  caused by {type(cause).__name__}: {cause}"), file=sys.stderr)
+    return 2
 
 
 def _train_embedded(cfg, raw_overrides: list[str], print_only: str | None):
@@ -107,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m rl_factory.cli {train|eval} [key=value ...]", file=sys.stderr)
         return 2
     command, overrides = argv[0], argv[1:]
-    from envs.secrets import redact_known
     from rl_factory.config import load_config
     from rl_factory.run import setup_logging
 
@@ -131,15 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume from the last checkpoint", file=sys.stderr)
         return 130
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         if os.environ.get("RL_FACTORY_DEBUG"):
             raise
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(redact_known(f"error: {message}"), file=sys.stderr)
-        cause = exc.__cause__
-        if cause is not None:
-            print(redact_known(f"  caused by {type(cause).__name__}: {cause}"), file=sys.stderr)
-        return 2
+        return print_user_error(exc)
     logging.getLogger("rl_factory").debug(json.dumps(summary, default=str))
     return 0
 

@@ -16,6 +16,7 @@ from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
 from rl_factory.engines.hf import HFEngine
+from rl_factory.errors import ConfigError
 from rl_factory.pipeline.rollouts import PipelineConfig
 from rl_factory.rollout import Agent, RolloutConfig
 from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)
@@ -62,7 +63,6 @@ def open_env(cfg: EnvConfig, log_dir: Path | None = None):
     try:
         limits = ToolLimits(cfg.max_calls_per_turn, cfg.max_tool_output_bytes)
     except ValueError as exc:
-        from rl_factory.config import ConfigError
         raise ConfigError(str(exc)) from None
     if not cfg.tools:
         return ToolEnv.empty(limits)
@@ -94,7 +94,7 @@ def loop_config(env_cfg: EnvConfig, rollout_cfg: SamplingConfig) -> RolloutConfi
 
 def load_rows(files: Any, cfg: DataConfig, limit: int | None = None) -> list[dict]:
     if not files:
-        raise ValueError("no data files given (set data.train_files / data.val_files)")
+        raise ConfigError("no data files given (set data.train_files / data.val_files)")
     return load_dataset(files, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
                         system_prompt=cfg.system_prompt, limit=limit)
 

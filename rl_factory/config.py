@@ -16,13 +16,10 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from envs import secrets
+from rl_factory.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config key is unknown, missing or has a value of the wrong type."""
 
 
 def load_config(name: str, overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:

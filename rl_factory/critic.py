@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from rl_factory.algorithms.advantages import AdvantageInputs, estimate, whiten
+from rl_factory.errors import ConfigError
 from rl_factory.types import Trajectory
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -50,7 +51,7 @@ class ValueHead(nn.Module):
 
 def build_value_head(cfg: CriticConfig, model) -> ValueHead:
     if cfg.type not in CRITIC_TYPES:
-        raise ValueError(f"algorithm.critic.type: unknown critic {cfg.type!r} (valid: {', '.join(CRITIC_TYPES)})")
+        raise ConfigError(f"algorithm.critic.type: unknown critic {cfg.type!r} (valid: {', '.join(CRITIC_TYPES)})")
     return ValueHead(model.config.hidden_size).to(next(model.parameters()).device)
 
 

@@ -18,12 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_factory.errors import ConfigError, UserError
+
 logger = logging.getLogger(__name__)
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file is missing, unreadable, or has a row that cannot become a prompt."""
 
 
@@ -179,7 +181,7 @@ class PromptSampler:
         if not rows:
             raise DatasetError("PromptSampler needs at least one row")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"data.train_batch_size must be >= 1, got {batch_size}")
         self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
         self._order = self._permutation(0)

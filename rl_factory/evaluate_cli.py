@@ -18,6 +18,7 @@ from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
 from rl_factory.policy import ModelConfig, load_policy, load_tokenizer_only
+from rl_factory.run import write_config
 from rl_factory.tracking import json_safe
 from rewards.scorer import build_scorer
 
@@ -83,18 +84,18 @@ async def _run_eval(cfg) -> dict[str, Any]:
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     other = _load_compare(e.compare)  # a bad eval.compare fails before any rollout
     out = _output_dir(e, model_cfg.path)
-    async with open_env(env_cfg, log_dir=out / "tool_logs") as env:
+    async with open_env(env_cfg) as env:  # the servers' logs stay in anonymous files until the model loads
         if e.engine not in EVAL_ENGINES:
             raise ConfigError(f"eval.engine: unknown engine {e.engine!r} (valid: {', '.join(EVAL_ENGINES)})")
         tools = await env.list_tools()
         policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, tools, int(cfg.seed))
+        _start_output(out, cfg, env)  # the first write into eval.output_dir
         agent = build_agent(policy, env, env_cfg, roll_cfg, engine=engine)
         async with closing_engine(agent):
             params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens, seed=int(cfg.seed))
             with _progress(len(rows) * e.n, e.progress) as bar:
                 metrics, trajs = await evaluate(agent, reward_fn, rows, params, reward_cfg.success_threshold, n=e.n,
                                                 on_done=bar)
-    out.mkdir(parents=True, exist_ok=True)
     records = [trajectory_record(t) for t in trajs]
     threshold = reward_cfg.success_threshold
     rows_out = analysis.per_row(records, threshold)
@@ -113,6 +114,14 @@ async def _run_eval(cfg) -> dict[str, Any]:
     _print_summary(model_cfg.path, e, rows, result)
     log.info("results: %s", out / "results.json")
     return result
+
+
+def _start_output(out: Path, cfg, env) -> None:
+    """config.yaml (resolved, redacted: what `rl_factory.rescore` reads) and tool_logs/, once the model
+    and the servers are up: an evaluation that cannot start leaves no directory behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out, cfg)
+    env.log_to(out / "tool_logs")
 
 
 def _load_compare(path: str | None) -> dict | None:

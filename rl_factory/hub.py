@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rl_factory.errors import ConfigError
+
 HUB_TIMEOUT_S = 3.0
 
 
-class HubUnreachable(ValueError):
+class HubUnreachable(ConfigError):
     """A hub model id that is not cached locally while the hub cannot be reached."""
 
 
@@ -43,12 +45,12 @@ def is_cached(repo_id: str) -> bool:
 
 
 def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
-    import httpx
+    import httpx2
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     try:
-        httpx.head(endpoint, timeout=timeout_s, follow_redirects=False)
-    except httpx.HTTPError:
+        httpx2.head(endpoint, timeout=timeout_s, follow_redirects=False)
+    except httpx2.HTTPError:
         return False
     return True
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rl_factory.errors import ConfigError
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
@@ -24,7 +26,7 @@ def apply_lora(model: Any, rank: int, alpha: int, target_modules: Any) -> Any:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover - peft is a core dependency
-        raise ValueError(f"model.lora_rank={rank} needs peft (pip install peft): {exc}") from None
+        raise ConfigError(f"model.lora_rank={rank} needs peft (pip install peft): {exc}") from None
     if isinstance(target_modules, str) and target_modules != "all-linear":
         target_modules = [m.strip() for m in target_modules.split(",")]
     elif not isinstance(target_modules, str):
@@ -34,7 +36,7 @@ def apply_lora(model: Any, rank: int, alpha: int, target_modules: Any) -> Any:
     try:
         return get_peft_model(model, config)
     except ValueError as exc:  # e.g. a module name the model does not have
-        raise ValueError(f"model.lora_target_modules={target_modules!r}: {exc}") from None
+        raise ConfigError(f"model.lora_target_modules={target_modules!r}: {exc}") from None
 
 
 def is_lora(model: Any) -> bool:
@@ -66,4 +68,4 @@ def load_adapter(model: Any, directory: Path) -> None:
     result = set_peft_model_state_dict(model, load_file(str(Path(directory) / ADAPTER_WEIGHTS)))
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
-        raise ValueError(f"checkpoint {directory}: adapter weights the model does not have: {unexpected[:3]}")
+        raise ConfigError(f"checkpoint {directory}: adapter weights the model does not have: {unexpected[:3]}")

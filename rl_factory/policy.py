@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from rl_factory.errors import ConfigError
 from rl_factory.hub import check_hub_model
 from rl_factory.registry import Registry
 
@@ -98,7 +99,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device={name} but no CUDA device is available (use model.device=cpu)")
+        raise ConfigError(f"model.device={name} but no CUDA device is available (use model.device=cpu)")
     return device
 
 
@@ -107,7 +108,8 @@ def resolve_model_path(path: str, tools: list[dict], seed: int, log=print) -> st
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name not in BUILTIN_MODELS:
-            raise ValueError(f"model.path: unknown builtin model {name!r} (valid: {', '.join(sorted(BUILTIN_MODELS))})")
+            raise ConfigError(f"model.path: unknown builtin model {name!r} "
+                              f"(valid: {', '.join(sorted(BUILTIN_MODELS))})")
         return str(BUILTIN_MODELS[name](tools=tools, seed=seed, log=log))
     return path
 
@@ -124,14 +126,14 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     check_hub_model(path)  # a hub id with no network: one line now, not a minute of retries
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
     if local and not Path(path).expanduser().is_dir():
-        raise ValueError(f"model.path: local directory {path} does not exist")
+        raise ConfigError(f"model.path: local directory {path} does not exist")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         # read before loading (loading in fp32 rewrites the config's dtype); a LoRA checkpoint's is its base's
         saved_dtype = _saved_dtype(base_model_path(path))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     except OSError as exc:  # not a model dir, unknown hub id, no network: say which key is wrong
-        raise ValueError(f"model.path: cannot load {path!r}: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"model.path: cannot load {path!r}: {str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if cfg.lora_rank > 0:
@@ -159,7 +161,7 @@ def _autocast_dtype(name: str, device: torch.device, saved: str) -> torch.dtype 
         return torch.bfloat16 if device.type == "cuda" and saved in ("bfloat16", "float16") else None
     dtypes = {"float32": None, "bfloat16": torch.bfloat16}
     if name not in dtypes:
-        raise ValueError(f"model.dtype: {name!r} is not one of auto, {', '.join(dtypes)}")
+        raise ConfigError(f"model.dtype: {name!r} is not one of auto, {', '.join(dtypes)}")
     return dtypes[name]
 
 
@@ -172,5 +174,5 @@ def load_tokenizer_only(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise ValueError(f"model.path: cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"model.path: cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}") from None
     return Policy(None, tokenizer, torch.device("cpu"), None, path)

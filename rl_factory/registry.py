@@ -2,12 +2,15 @@
 
 A `Registry` is a plain dict (name -> object) that a decorator fills; a taken name is an error naming
 who took it, and an unknown name is an error listing the valid ones. It lives apart from everything
-else (no imports) so that `envs` and `rewards` can use it without pulling in the trainer.
+else (it imports only `rl_factory.errors`) so that `envs` and `rewards` can use it without pulling in
+the trainer.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from rl_factory.errors import UnknownName
 
 T = TypeVar("T")
 
@@ -30,7 +33,7 @@ class Registry(dict, Generic[T]):
         return decorator
 
     def lookup(self, name: str) -> T:
-        """The object registered as `name`; KeyError listing the valid names otherwise."""
+        """The object registered as `name`; `UnknownName` (a KeyError) listing the valid names otherwise."""
         if name not in self:
-            raise KeyError(f"unknown {self.kind} {name!r}; valid: {sorted(self)}")
+            raise UnknownName(f"unknown {self.kind} {name!r}; valid: {sorted(self)}")
         return self[name]

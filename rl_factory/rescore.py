@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import json
 import logging
@@ -34,6 +35,7 @@ def load_config(run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from envs import secrets
     from rl_factory.config import ConfigError
 
     path = run_dir / "config.yaml"
@@ -42,10 +44,14 @@ def load_config(run_dir: Path, overrides: list[str]):
     cfg = OmegaConf.load(path)
     OmegaConf.set_struct(cfg, True)
     try:
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides if not o.startswith("+")]),
-                               OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides if not o.startswith("+")]),
+                              OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
     except OmegaConfBaseException as exc:
         raise ConfigError(" ".join(str(exc).split("\n")[0].split())) from None
+    # As the training CLI does: secret `${oc.env:VAR}` values (the run's redacted config.yaml keeps such
+    # references) are shown as the reference in any line printed from here on.
+    secrets.note_config_secrets(OmegaConf.to_container(cfg, resolve=False))
+    return cfg
 
 
 def rebuild(record: dict[str, Any], sample: dict[str, Any]) -> Trajectory:
@@ -100,17 +106,9 @@ async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -
     trajs = [rebuild(rec, _sample(datasets.get(s), rec)) for s, step, rec in items]
     old = [t.reward for t in trajs]
     wants_tools = any(c.fn.wants("tools") and not c.fn.takes_any for c in reward.components)
-    async with (open_env(env_cfg) if wants_tools else _no_env()) as env:
+    async with (open_env(env_cfg) if wants_tools else contextlib.nullcontext()) as env:
         await score_trajectories(reward, trajs, tools=env)
     return _write(out, items, trajs, old, reward.name)
-
-
-class _no_env:
-    async def __aenter__(self):
-        return None
-
-    async def __aexit__(self, *exc):
-        return None
 
 
 def _datasets(cfg, data_cfg) -> dict[str, list[dict] | None]:
@@ -118,7 +116,7 @@ def _datasets(cfg, data_cfg) -> dict[str, list[dict] | None]:
     from rl_factory.components import load_rows
 
     sources = {"train": data_cfg.train_files, "val": data_cfg.val_files}
-    if "eval" in cfg:
+    if "eval" in cfg:  # a main_eval.sh directory: its config.yaml has eval.files
         sources["eval"] = cfg.eval.get("files")
     rows: dict[str, list[dict] | None] = {}
     for name, files in sources.items():
@@ -176,7 +174,7 @@ def _corr(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rl_factory.cli import _user_errors
+    from rl_factory.cli import USER_ERRORS, print_user_error
     from rl_factory.run import setup_logging
 
     parser = argparse.ArgumentParser(prog="python -m rl_factory.rescore", description=__doc__.split("\n\n")[0])
@@ -188,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         summary = rescore(args.run_dir, args.overrides, args.split, args.out)
-    except _user_errors() as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:
+        return print_user_error(exc)
     _print(summary)
     return 0
 

@@ -1,9 +1,13 @@
 """The run directory, console progress and the closing summary.
 
-Layout (DESIGN §5): config.yaml, metrics.jsonl, rollouts/, checkpoints/step_NNNNNN/, train.log.
+Layout (DESIGN §5): run.json, config.yaml, metrics.jsonl, rollouts/, checkpoints/step_NNNNNN/, train.log,
+tool_logs/. Nothing is written before the run has passed its start-up checks (`RunDir.start`): what
+is logged before goes to the console and is written to train.log when the run starts, and the tool
+servers' logs stay in anonymous files until then (`ToolEnv.log_to`).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -105,15 +109,17 @@ class RunDir:
                  "train further (the report is %s)", self.path, past, step, step, self.path / "report.html")
         return {"steps": step, "run_dir": str(self.path), "nothing_to_do": True}
 
-    def start(self, cfg, resumed: bool) -> None:
-        """The first write into the run directory: run.json, config.yaml and train.log."""
+    def start(self, cfg, resumed: bool, tools=None) -> None:
+        """The first write into the run directory: run.json, config.yaml, train.log and, given the
+        run's `ToolEnv`, its servers' logs in tool_logs/. Called once every start-up check has passed."""
         self.path.mkdir(parents=True, exist_ok=True)
-        setup_logging(self.path / "train.log")
-        self.config = redacted(cfg)
+        setup_logging(self.path / "train.log")  # with what was logged before
+        self.config = write_config(self.path, cfg)
         record = {"run_id": self.run_id, "fingerprint": fingerprint(self._view or run_view(self.config)),
                   "view": self._view or run_view(self.config)}
         _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
-        _write_atomic(self.path / "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
+        if tools is not None:
+            tools.log_to(self.path / "tool_logs")
         for note in self._notes:
             log.info(note)
         log.info("%s run in %s (run id %s)", "resuming" if resumed else "starting", self.path, self.run_id)
@@ -153,6 +159,13 @@ class RunDir:
         for line in lines:
             log.info(line)
         return summary
+
+
+def write_config(directory: Path, cfg) -> dict:
+    """`<directory>/config.yaml`: the resolved config, secrets redacted (run and eval directories)."""
+    config = redacted(cfg)
+    _write_atomic(directory / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    return config
 
 
 def _has_results(path: Path) -> bool:
@@ -197,20 +210,40 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+class _Pending(logging.Handler):
+    """Holds what is logged before a run directory may be written, for its train.log (the last
+    `MAX_PENDING` records: a process that never starts a run, such as an evaluation, keeps no more)."""
+
+    MAX_PENDING = 10_000
+
+    def __init__(self):
+        super().__init__()
+        self.records: collections.deque[logging.LogRecord] = collections.deque(maxlen=self.MAX_PENDING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def setup_logging(log_file: Path | None = None, level: int = logging.INFO) -> None:
+    """Console logging, plus `log_file` (train.log) with every record logged since the last call without one."""
     root = logging.getLogger("rl_factory")
     root.setLevel(level)
     root.propagate = False
+    pending = [r for h in root.handlers if isinstance(h, _Pending) for r in h.records]
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
     console = _TqdmHandler()
     console.setFormatter(logging.Formatter("%(message)s"))
     root.addHandler(console)
-    if log_file is not None:
-        file = logging.FileHandler(log_file, encoding="utf-8")
-        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        root.addHandler(file)
+    if log_file is None:
+        root.addHandler(_Pending())
+        return
+    file = logging.FileHandler(log_file, encoding="utf-8")
+    file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    for record in pending:
+        file.handle(record)
+    root.addHandler(file)
 
 
 class StepProgress:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rl_factory.errors import UserError
 from rl_factory.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
@@ -36,7 +37,7 @@ def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if not k.startswith(WALL_CLOCK_PREFIXES)}
 
 
-class TrackingError(ValueError):
+class TrackingError(UserError, ValueError):
     """A logger name is unknown or a logger backend cannot start."""
 
 

@@ -96,12 +96,12 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
-    tools = open_env(env_cfg, log_dir=run.path / "tool_logs")  # parses the manifest; starts nothing
+    tools = open_env(env_cfg)  # parses the manifest; starts nothing (logs in anonymous files until run.start)
     check_loggers(t_cfg.logger)  # a logger whose package is missing: one line, before any write
-    run.start(cfg, resumed=resume_from is not None)  # the first write into the run directory
 
     async with tools as env, arena or contextlib.nullcontext():
-        # Servers start here, not on entering: a task without tools starts none.
+        # Servers start here, not on entering: a task without tools starts none. A server that cannot
+        # start, a model that cannot be loaded or a checkpoint that does not fit it fails before run.start.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
         if policy.device.type == "cuda":
             log.info("training on %s with the embedded backend (HF generate, one process); trainer.backend=verl is "
@@ -121,6 +121,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 load_value_head(value_head, resume_from)
                 log.info("restored the value head from %s", resume_from / VALUE_HEAD_FILE)
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
+        run.start(cfg, resumed=resume_from is not None, tools=env)  # the first write into the run directory
+        if resume_from is not None:
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)
         pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,

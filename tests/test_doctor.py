@@ -4,12 +4,14 @@ The broken setups are the tiny model's own tokenizer with a modified chat templa
 config, data or reward changed to break one thing: nothing is mocked.
 """
 import asyncio
+import re
+import subprocess
 
 import pytest
 
 from rl_factory.doctor import FAIL, PASS, SKIP, run_doctor
 from rl_factory.models.tiny import CHAT_TEMPLATE
-from tests.e2e.test_main_scripts import run_script
+from tests.e2e.test_main_scripts import REPO, run_script, script_env
 
 # As DeepSeek-R1-style templates do: an earlier assistant turn is rendered without its <think> block.
 DROPS_PAST_THINKING = CHAT_TEMPLATE.replace(
@@ -167,3 +169,17 @@ def test_doctor_flag_prints_the_table_and_sets_the_exit_code(script, tiny_model_
     if script == "main_grpo.sh":  # the failing path once (the checks themselves are tested above)
         bad = run_script(script, "--doctor", f"model.path={tokenizer_dir(tiny_model_dir, tmp_path, XML_CALLS)}")
         assert bad.returncode == 1 and "fix: set env.parser=qwen3_xml" in bad.stdout
+
+
+def test_fresh_machine_doctor_passes_with_the_builtin_model_not_built_yet(tmp_path):
+    """README's `bash main_grpo.sh --doctor` on a machine that never built the model: only its tokenizer is
+    built (in about a second), which must decode as the saved one will."""
+    cache = tmp_path / "cache"
+    env = {**script_env(), "RL_FACTORY_CACHE": str(cache)}
+    done = subprocess.run(["bash", "main_grpo.sh", "--doctor", f"trainer.output_dir={tmp_path / 'run'}",
+                           "data.val_limit=8"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "all checks passed" in done.stdout
+    assert re.search(r"parser round-trip\s+PASS", done.stdout), done.stdout
+    assert "builtin:tiny-calculator" in done.stdout
+    assert not cache.exists() or not any(cache.rglob("config.json"))  # the model itself was not built

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewards.judge import JudgeError
+from rl_factory.errors import UserError
 from rl_factory.registry import Registry
 
 JudgeFn = Callable[[int, int], Awaitable[float]]
@@ -65,7 +66,7 @@ TOPOLOGIES: Registry[TopologyFn] = Registry("tournament topology")
 FAILURE_POLICIES = ("tie", "skip_group", "stop")
 
 
-class ArenaError(ValueError):
+class ArenaError(UserError, ValueError):
     """A judge failed under `on_judge_failure=stop`, a judge returned a non-probability, or a tournament
     was misconfigured: all things the user fixes (endpoint, judge, config), so the CLI prints one line."""
 

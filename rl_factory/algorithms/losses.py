@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from rl_factory.errors import UnknownName
 from rl_factory.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -77,7 +78,7 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token
         Scalar loss.
     """
     if agg not in AGGREGATIONS:
-        raise KeyError(f"unknown loss aggregation {agg!r}; valid: {sorted(AGGREGATIONS)}")
+        raise UnknownName(f"unknown loss aggregation {agg!r}; valid: {sorted(AGGREGATIONS)}")
     return AGGREGATIONS[agg](loss_mat, mask.to(loss_mat.dtype), norm_length)
 
 
@@ -169,7 +170,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
         [B,T] per-token penalty; aggregate it with `aggregate_loss` and the loss mask.
     """
     if kind not in KL_ESTIMATORS:
-        raise KeyError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}")
+        raise UnknownName(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[kind](logprobs - ref_logprobs)
 
 

@@ -77,7 +77,7 @@ class Doctor:
         return self.report
 
     async def _run_one(self, name: str, fn: Callable[[Doctor], Awaitable[tuple[str, str] | str]]) -> None:
-        from rl_factory.doctor.checks import CheckFailed
+        from rl_factory.doctor.checks import CheckFailed, one_line
 
         t0 = time.perf_counter()
         try:
@@ -86,14 +86,8 @@ class Doctor:
         except CheckFailed as exc:
             status, detail, fix = FAIL, exc.detail, exc.fix
         except Exception as exc:  # a check must report, never crash the doctor
-            status, detail, fix = FAIL, _one_line(exc), ""
+            status, detail, fix = FAIL, f"{type(exc).__name__}: {one_line(exc)}", ""
         self.report.checks.append(CheckResult(name, status, detail, fix, time.perf_counter() - t0))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-    text = " ".join(text.split())
-    return f"{type(exc).__name__}: {text}"[:300] if not text.startswith("error") else text[:300]
 
 
 async def run_doctor(overrides: list[str], mode: str = "train") -> Report:

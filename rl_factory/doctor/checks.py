@@ -62,7 +62,8 @@ async def config(doc) -> str:
         PARSERS.lookup(s["env_cfg"].parser), get_context_policy(s["rollout"].context)
         CONTEXT_PROCESSORS.lookup(s["rollout"].context_processor)
     except (ConfigError, KeyError, ValueError) as exc:
-        raise CheckFailed(_text(exc), "fix the key it names (bash main_grpo.sh --cfg job prints the composed config)")
+        raise CheckFailed(one_line(exc),
+                          "fix the key it names (bash main_grpo.sh --cfg job prints the composed config)")
     s["cfg"] = cfg
     extra = f", {len(theirs)} key(s) passed to verl" if theirs else ""
     return f"composes ({len(doc.overrides)} override(s){extra}); backend {cfg.trainer.backend}"
@@ -96,7 +97,7 @@ async def reward_loads(doc) -> str:
     try:
         reward = build_scorer(doc.state["reward_cfg"])
     except Exception as exc:
-        raise CheckFailed(_text(exc), "check reward.function / reward.functions: file.py:fn or package.module:fn")
+        raise CheckFailed(one_line(exc), "check reward.function / reward.functions: file.py:fn or package.module:fn")
     doc.state["reward"] = reward
     return f"{reward.name}: arguments {sorted({a for c in reward.components for a in c.fn.arg_names})}"
 
@@ -114,7 +115,7 @@ async def data(doc) -> str:
         try:
             loaded[key] = load_rows(files, d, limit=limit)
         except Exception as exc:
-            raise CheckFailed(f"{key}: {_text(exc)}", f"fix {key} or the row it names")
+            raise CheckFailed(f"{key}: {one_line(exc)}", f"fix {key} or the row it names")
         if not loaded[key]:
             raise CheckFailed(f"{key}: no rows in {files}")
     for key, rows in loaded.items():
@@ -145,7 +146,7 @@ async def tools(doc) -> str:
         doc.state["env"] = env
         schemas = await env.list_tools()
     except Exception as exc:
-        raise CheckFailed(_text(exc), "run `.venv/bin/python -m envs list MANIFEST` to see the server's own error; "
+        raise CheckFailed(one_line(exc), "run `.venv/bin/python -m envs list MANIFEST` to see the server's own error; "
                                       "its stderr log is named in the message")
     doc.state["tools"] = schemas
     if not doc.state["env_cfg"].tools:
@@ -168,7 +169,7 @@ async def reward_scores(doc) -> str:
     try:
         await score_trajectories(doc.state["reward"], [traj], tools=doc.state.get("env"))
     except Exception as exc:
-        raise CheckFailed(_text(exc), "run the reward on this row by hand; reward.on_error=zero scores failures 0")
+        raise CheckFailed(one_line(exc), "run the reward on this row by hand; reward.on_error=zero scores failures 0")
     return f"scored {traj.reward:.3f} on row 0 with its reference answer as the completion"
 
 
@@ -236,7 +237,7 @@ def _tokenizer(doc):
         check_hub_model(model.path)
         return AutoTokenizer.from_pretrained(model.path), model.path
     except (OSError, ValueError) as exc:
-        raise CheckFailed(_text(exc), "point model.path at a model directory or a reachable hub id")
+        raise CheckFailed(one_line(exc), "point model.path at a model directory or a reachable hub id")
 
 
 def _finding(finding: template.Finding) -> str:
@@ -245,6 +246,7 @@ def _finding(finding: template.Finding) -> str:
     return finding.detail
 
 
-def _text(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (a KeyError's without the quotes its str adds)."""
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(str(text).split())[:400]

@@ -84,7 +84,7 @@ def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -97,12 +97,15 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + TAG_TOKENS, max_token_length=48,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    tok.train_from_iterator(corpus, trainer=trainer)  # the trainer's tokens come first: ids 0-8, all special
+    # The tags must be plain added tokens (decode(skip_special_tokens=True) keeps them). Re-adding them
+    # changes their flag but not the set of special tokens that decode consults, which is only rebuilt
+    # from the tokenizer's JSON: rebuild it here, so this object decodes as the saved and reloaded one.
+    tok.add_tokens([AddedToken(t, special=False, normalized=True) for t in TAG_TOKENS])
+    tok = Tokenizer.from_str(tok.to_str())
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=[], chat_template=CHAT_TEMPLATE,
                                    model_max_length=1 << 20, clean_up_tokenization_spaces=False)
-    fast.add_tokens(TAG_TOKENS)  # already in the vocab; marks them as added, non-special tokens
-    return fast
 
 
 def _tokenizer_and_transcripts(tools: list[dict], cfg: TinyModelConfig):

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_factory.config import ConfigError
+from rl_factory.errors import UserError
 from rl_factory.types import Trajectory
 from rewards.loader import RewardError, RewardFn, RewardLoadError, load_reward, prompt_text
 
 
-class PipelineError(RuntimeError):
+class PipelineError(UserError, RuntimeError):
     """A user filter or augmenter raised, or returned something that is not what its stage expects."""
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          script_env, strict_json, tiny_overrides)
@@ -164,26 +165,57 @@ def test_the_same_command_again_says_the_run_is_finished(first_run):
     assert no_server_left(first_run["marker"])
 
 
-def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(tmp_path):
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def further(overrides: list[str]) -> list[str]:
+    """The run's overrides with one more step to train (the run finished at step 2)."""
+    return [o for o in overrides if not o.startswith("trainer.total_steps=")] + ["trainer.total_steps=3"]
 
-    from rl_factory.config import ConfigError
-    from rl_factory.trainer import _resume
 
-    def tiny(vocab):
-        return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                            num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+def _tools(manifest) -> list[dict]:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
-    ckpt = tmp_path / "step_000001"
-    tiny(64).save_pretrained(ckpt)
-    torch.save({"step": 1}, ckpt / "trainer_state.pt")
+    from envs import ToolEnv
 
-    class Policy:
-        model = tiny(80)  # the model built for other tool schemas: another vocabulary
+    async def listed():
+        async with ToolEnv.from_manifest(manifest) as env:
+            return await env.list_tools()
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: Playwright's sync API keeps a loop running here
+        return pool.submit(asyncio.run, listed()).result()
 
-    with pytest.raises(ConfigError, match=r"does not fit the model of this config .*size mismatch.*trainer.resume=never"):
-        _resume(ckpt, Policy(), None, None, None)
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_one_line_and_changes_nothing(first_run):
+    """Another tool schema, the model built for it (another vocabulary), and trainer.resume=force: the
+    checkpoint cannot load into it. One line, exit 2, and the run directory as it was."""
+    from rl_factory.models.tiny import TinyModelConfig, build_tiny_model
+    from rl_factory.models.warmstart import WarmStartConfig
+
+    run, tmp = first_run["run"], first_run["tmp"]
+    manifest = tmp / "functions.yaml"
+    manifest.write_text("functions: [envs.servers.calculator:evaluate]\n")  # the same tool, as a function
+    model = tmp / "model_for_functions"
+    build_tiny_model(model, _tools(manifest), log=lambda *_: None, cfg=TinyModelConfig(
+        warmstart=WarmStartConfig(num_transcripts=300, mechanics_steps=1, decision_steps=1)))
+    before = snapshot(run)
+    overrides = [o for o in first_run["overrides"] if not o.startswith(("model.path=", "env.tools="))]
+    result = run_script("main_grpo.sh", *further(overrides), f"model.path={model}", f"env.tools={manifest}",
+                        "trainer.resume=force")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.search(r"checkpoint .*step_000002 does not fit the model of this config \(.*size mismatch.*\); "
+                     r"did the tools or model.path change\? Start a new run: trainer.resume=never", errors[0]), errors[0]
+    assert snapshot(run) == before
+
+
+def test_a_forced_resume_whose_server_cannot_start_changes_nothing(first_run):
+    run = first_run["run"]
+    before = snapshot(run)
+    result = run_script("main_grpo.sh", *further(first_run["overrides"]), "trainer.resume=force",
+                        "env.tools={mcpServers: {ghost: {command: rlf-no-such-command-xyz}}}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "'ghost'" in errors[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert snapshot(run) == before
 
 
 # ---- evaluation and re-scoring of this run --------------------------------------------------------
@@ -260,3 +292,35 @@ def test_rescore_with_the_runs_own_reward_reproduces_it_and_a_new_one_differs(fi
     bad = subprocess.run([sys.executable, "-m", "rl_factory.rescore", str(run), "reward.functon=x"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=script_env())
     assert bad.returncode == 2 and "functon" in bad.stderr and "Traceback" not in bad.stderr
+
+    # An error line that would hold a secret from the environment shows its reference instead.
+    secret = "sk-rescore-0123456789abcdef"
+    leak = subprocess.run([sys.executable, "-m", "rl_factory.rescore", str(run),
+                           "reward.function=/nonexistent/${oc.env:RLF_RESCORE_API_KEY}.py:reward"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**script_env(), "RLF_RESCORE_API_KEY": secret})
+    assert leak.returncode == 2 and "reward file not found" in leak.stderr, leak.stderr
+    assert secret not in leak.stderr + leak.stdout and "${oc.env:RLF_RESCORE_API_KEY}" in leak.stderr
+
+
+def test_rescore_of_an_eval_directory_reads_its_config_and_rows(first_run):
+    run, tmp = first_run["run"], first_run["tmp"]
+    ckpt = run / "checkpoints" / "step_000002"
+    out = tmp / "eval_to_rescore"
+    done = run_script("main_eval.sh", f"model.path={ckpt}", "eval.limit=3", f"env.tools={first_run['manifest']}",
+                      "rollout.max_response_tokens=32", "model.device=cpu", f"eval.output_dir={out}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())  # resolved and redacted, as a run's
+    assert config["model"]["path"] == str(ckpt) and config["eval"]["limit"] == 3
+    assert config["eval"]["files"] == config["data"]["val_files"] and "${" not in config["eval"]["files"]
+    # `kind` is a column of the eval rows only (not of the stored records): 1 where the rows were reloaded
+    reward = tmp / "has_kind.py"
+    reward.write_text("def reward(kind, **_):\n    return 1.0 if kind else 0.0\n")
+    for split in ("all", "eval"):
+        rescored = subprocess.run([sys.executable, "-m", "rl_factory.rescore", str(out), f"reward.function={reward}:reward",
+                                   "--split", split, "--out", str(out / f"rs_{split}")], cwd=REPO, capture_output=True,
+                                  text=True, timeout=120, env=script_env())
+        assert rescored.returncode == 0, rescored.stderr
+        summary = json.loads((out / f"rs_{split}" / "summary.json").read_text())
+        assert summary["trajectories"] == 3 and summary["new_mean"] == 1.0
+        assert [s["split"] for s in summary["per_step"]] == ["eval"]

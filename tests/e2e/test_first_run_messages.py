@@ -17,10 +17,11 @@ def _errors(result) -> list[str]:
 
 
 def test_readme_runs_project_modules_through_the_venv():
-    """Without an active venv, bare `python -m envs ...` is the system Python: every README command names the venv."""
+    """Without an active venv, bare `python ...` is the system Python (no torch, no rl_factory): every README
+    command names the venv, whether it runs a module or a script, with or without VAR=value before it."""
     blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines()]
-    bare = [line for line in lines if re.match(r"^python3? -m ", line)]
+    bare = [line for line in lines if re.match(r"^(\w+=\S*\s+)*python3?(\s|$)", line)]
     assert bare == []
     assert any(line.startswith(".venv/bin/python -m envs list") for line in lines)
 
@@ -81,3 +82,28 @@ def test_a_hub_model_without_network_is_one_line(offline, tmp_path):
     assert ("offline mode is on" if offline else "http://127.0.0.1:9) is unreachable") in errors[0]
     assert "model.path=/path/to/model" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0]
     assert "Retrying" not in result.stderr
+
+
+GHOST_SERVER = "env.tools={mcpServers: {ghost: {command: rlf-no-such-command-xyz}}}"
+
+
+@pytest.mark.parametrize("script", ["main_grpo.sh", "main_eval.sh"])
+@pytest.mark.parametrize("failure", ["hub_unreachable", "server_cannot_start"])
+def test_a_run_that_fails_its_start_up_checks_writes_nothing(script, failure, tiny_model_dir, tmp_path):
+    """No run.json, config.yaml, train.log or tool_logs/ for a model that cannot be had or a server that
+    cannot start: the output directory is not even created."""
+    env = {**script_env(), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(key, None)
+    out = tmp_path / "outputs" / "run"
+    overrides = (["model.path=Qwen/Qwen3-0.6B"] if failure == "hub_unreachable" else
+                 [f"model.path={tiny_model_dir}", GHOST_SERVER])
+    overrides += [f"trainer.output_dir={out}", "model.device=cpu"] if script == "main_grpo.sh" else \
+        [f"eval.output_dir={out}", "eval.limit=1", "model.device=cpu"]
+    result = subprocess.run(["bash", script, *overrides], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = _errors(result)
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert ("is unreachable" if failure == "hub_unreachable" else "'ghost'") in errors[0]
+    assert not (tmp_path / "outputs").exists(), sorted(p.name for p in (tmp_path / "outputs").rglob("*"))

@@ -322,11 +322,10 @@ def test_server_command_not_found_names_the_server_and_keeps_secrets(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "MCP server 'ghost' (rlf-no-such-command-xyz) failed to start" in errors[0]
     assert "Traceback" not in result.stderr
-    written = (run / "config.yaml").read_text() + (run / "train.log").read_text()
-    assert secret not in result.stdout + result.stderr + written
-    # the reference it came from, never the value
-    assert yaml.safe_load((run / "config.yaml").read_text())["env"]["tools"]["mcpServers"]["ghost"]["env"] == \
-        {"SERVICE_KEY": "${oc.env:RLF_E2E_SECRET}"}
+    assert secret not in result.stdout + result.stderr
+    # A run that fails its start-up checks writes nothing (config.yaml keeps the reference, never the
+    # value: tests/test_secrets_everywhere.py).
+    assert not run.exists()
 
 
 def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path):

@@ -6,8 +6,12 @@ can differ between two runs; what must hold is that every round draws the next p
 data order, across the resume too: steps 1 and 2 together drew exactly the first prompts of it.
 """
 import json
+import re
+
+import pytest
 
 from rl_factory.data import PromptSampler, load_dataset
+from tests.e2e.test_reward_e2e import data_with_ids
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          tiny_overrides)
 
@@ -47,4 +51,32 @@ def test_filters_dynamic_sampling_and_views_in_a_run_that_resumes(tiny_model_dir
 
     rows = load_dataset(REPO / "examples" / "calculator" / "data" / "train.jsonl")
     assert drawn == PromptSampler(rows, 2, seed=0).next_indices(len(drawn))
+    assert no_server_left(marker)
+
+
+RAISING = ("def keep(completion, **_):\n    raise ValueError('cannot judge ' + repr(completion[:0]))\n\n"
+           "def views(trajectory, spans, **_):\n    raise ValueError('no views today')\n")
+
+
+@pytest.mark.parametrize("stage, entry, message", [
+    ("rollout.filters", "user_pipeline.py:keep", "ValueError: cannot judge ''"),
+    ("rollout.augment", "user_pipeline.py:views", "ValueError: no views today"),
+], ids=["filter", "augmenter"])
+def test_a_raising_user_filter_or_augmenter_is_one_line_naming_the_sample(stage, entry, message, tiny_model_dir,
+                                                                         tmp_path):
+    manifest, marker = marked_calculator_manifest(tmp_path)
+    (tmp_path / "user_pipeline.py").write_text(RAISING)
+    data, rows = data_with_ids(tmp_path)
+    result = run_script("main_grpo.sh", *tiny_overrides(tiny_model_dir, tmp_path / "run", manifest),
+                        f"data.train_files={data}", f"data.val_files={data}", "data.val_limit=1",
+                        "rollout.max_response_tokens=4", f"{stage}=[{tmp_path / entry}]")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and len(errors[0]) < 500, result.stderr[-3000:]
+    for text in (f"{stage}[0] (user_pipeline.py:{entry.rpartition(':')[2]})", "failed: " + message):
+        assert text in errors[0], (text, errors[0])
+    sample = re.search(r" on sample (\d+) \(id 'calc-(\d+)'\) \(prompt: '([^']*)", errors[0])
+    assert sample and sample.group(1) == sample.group(2), errors[0]
+    assert rows[int(sample.group(1))]["prompt"].startswith(sample.group(3)[:20])
     assert no_server_left(marker)

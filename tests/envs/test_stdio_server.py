@@ -46,3 +46,21 @@ def test_only_pipes_and_sockets_take_the_fast_path():
         assert not _is_pipe(regular.fileno())  # files (and terminals) fall back to server.run()
     os.close(read_fd)
     os.close(write_fd)
+
+
+async def test_logs_move_into_a_directory_once_the_run_may_write(tmp_path, write_manifest):
+    """Started with anonymous logs, then `log_to`: what the server wrote before and after lands in the
+    directory's log, after what an earlier run left there; nothing is written before."""
+    (tmp_path / "echo_server.py").write_text(SERVER)
+    path = write_manifest(tmp_path, {"echo": {"command": "python", "args": [str(tmp_path / "echo_server.py")]}})
+    logs = tmp_path / "run" / "tool_logs"
+    async with ToolEnv.from_manifest(path) as env:
+        assert (await env.call(ToolCall("shout", {"text": "before"}))).text == "BEFORE"
+        assert not (tmp_path / "run").exists()
+        logs.mkdir(parents=True)
+        (logs / "echo.log").write_text("an earlier run's line\n")
+        env.log_to(logs)
+        env.log_to(logs)  # again: nothing copied twice
+        assert (await env.call(ToolCall("shout", {"text": "after"}))).text == "AFTER"
+    lines = (logs / "echo.log").read_text().splitlines()
+    assert lines[0] == "an earlier run's line" and lines.count("stray output from a tool") == 2

@@ -25,6 +25,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_factory.errors import UserError
+
 log = logging.getLogger("rl_factory.verl")
 
 GIB = 1024**3
@@ -85,7 +87,7 @@ class Plan:
         self.reasons.append(f"{key}={value}: {reason}")
 
 
-class ModelDoesNotFit(ValueError):
+class ModelDoesNotFit(UserError, ValueError):
     """The model's training state alone exceeds the GPU: the message names the settings to change."""
 
 
