@@ -1,7 +1,8 @@
-"""Shared pieces of the verl backend tests: a scripted LLM server and a composed verl config."""
+"""Shared pieces of the verl backend tests: a scripted LLM server, a composed verl config, one local Ray."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,20 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids, log_probs=[-(first + k + 1) / 1000 for k in range(len(ids))],
                            stop_reason="completed", num_preempted=0,
                            extra_fields={"min_global_steps": 7 + turn, "max_global_steps": 7 + turn})
+
+
+@pytest.fixture(scope="package")
+def ray_cluster():
+    """One local Ray for every test of tests/backends that needs it (started on first use, shut down
+    after the package's last test): starting and stopping a cluster per module cost ~10 s each time."""
+    ray = pytest.importorskip("ray")
+    import ray.cloudpickle
+
+    # The scripted server is test code: ship it to the workers by value, not by import.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture()

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from rl_factory.backends.verl.pipeline import GROUP_KEY, SAMPLER_NAME, check_verl_pipeline  # noqa: E402
 from rl_factory.config import ConfigError  # noqa: E402
 from tests.backends.conftest import CALL  # noqa: E402
-from tests.backends.test_verl_v1_ray import ray_cluster, rollout_step  # noqa: E402,F401
+from tests.backends.test_verl_v1_ray import rollout_step  # noqa: E402
 
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
 
@@ -111,7 +111,7 @@ def _extra(data, i) -> dict:
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "arena"])
-def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup, advantage):  # noqa: F811
+def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup, advantage):
     cfg, files = _setup_v1(verl_setup, "rollout.filters=[duplicate,zero_variance]", f"algorithm.advantage={advantage}")
     # sessions 0 and 2 follow the same script: the same tokens, so session 2 is a duplicate
     keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
@@ -132,7 +132,7 @@ def test_v1_sessions_are_filtered_where_they_meet(ray_cluster, verl_setup, advan
     assert adv[2] == 0.0
 
 
-def test_v1_views_are_outputs_of_their_session(ray_cluster, verl_setup):  # noqa: F811
+def test_v1_views_are_outputs_of_their_session(ray_cluster, verl_setup):
     """rollout.augment=[per_turn]: one output per turn, each the engine's tokens after their exact prefix."""
     cfg, files = _setup_v1(verl_setup, "rollout.augment=[per_turn]")
     keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT])
@@ -153,7 +153,7 @@ def test_v1_views_are_outputs_of_their_session(ray_cluster, verl_setup):  # noqa
     assert [a > 0 for a in adv[::2]] == [True, False, True]
 
 
-def test_v1_group_without_signal_is_marked_for_verls_refill(ray_cluster, verl_setup):  # noqa: F811
+def test_v1_group_without_signal_is_marked_for_verls_refill(ray_cluster, verl_setup):
     cfg, files = _setup_v1(verl_setup, "rollout.filters=[zero_variance]")
     keys, data, adv = rollout_step(cfg, files, [WRONG, WRONG, WRONG])
     extras = [_extra(data, i) for i in range(3)]
@@ -192,7 +192,7 @@ class FakeRollouts:
 
 
 @pytest.mark.parametrize("max_rounds", [3, 1])
-def test_replay_buffer_evicts_dropped_groups_and_stops_at_max_rounds(ray_cluster, verl_setup,  # noqa: F811
+def test_replay_buffer_evicts_dropped_groups_and_stops_at_max_rounds(ray_cluster, verl_setup,
                                                                      max_rounds):
     import transfer_queue as tq
 

@@ -9,7 +9,6 @@ arena through the plugin). Only the LLM server is scripted (vLLM needs a GPU).
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -23,17 +22,6 @@ from omegaconf import OmegaConf  # noqa: E402
 from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E402
 
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray.cloudpickle
-
-    # The scripted server is test code: ship it to the workers by value, not by import.
-    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.backends.conftest"])
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
 
 
 def rollout_step(cfg, files, scripts):
