@@ -84,8 +84,14 @@ class Episode:
         """One call against this episode's servers; `record=False` keeps it out of `tool/*` (rewards)."""
         return await self.env._call_routed(call, self._routes, self._fills, record)
 
-    async def close(self) -> None:
-        """Close the environment, stop this episode's servers and remove its directory; never raises."""
+    async def close(self, wait: bool = True) -> None:
+        """Close the environment, stop this episode's servers and remove its directory; never raises.
+
+        `wait=False` (what the rollout does) returns once the environment is closed and the episode's slots
+        are free; its processes are stopped and its directory removed in the background, when no episode
+        is open any more (`ToolEnv._later`; the run-wide env finishes them when it stops), so a trajectory
+        does not wait for a process to exit and a batch's exits do not slow its last trajectories.
+        """
         if self._closed:
             return
         self._closed = True
@@ -96,12 +102,22 @@ class Episode:
                     await self.environment.close()
                 except Exception as exc:  # noqa: BLE001 - user code: its failure must not leak processes
                     logger.warning("environment close() failed: %s: %s", type(exc).__name__, exc)
-            await _release(self._instances)
+        finally:
+            for server, _ in self._instances:
+                server.free()
+            self.env._episodes.discard(self)  # before _later: the last one to close starts the teardowns
+            if wait:
+                await self._teardown()
+            else:
+                self.env._later(self._teardown())
+            self.env.episode_stats.closed(time.perf_counter() - t0)
+
+    async def _teardown(self) -> None:
+        try:
+            await asyncio.gather(*(server.discard(conn) for server, conn in self._instances), return_exceptions=True)
         finally:
             if self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
-            self.env._episodes.discard(self)
-            self.env.episode_stats.closed(time.perf_counter() - t0)
 
     async def __aenter__(self) -> Episode:
         return self

@@ -12,9 +12,15 @@ crosses from one trajectory to the next.
 - `max_concurrency` bounds the live instances (= live episodes using this server): an episode past the
   bound waits for one to close. The same number still bounds each instance's in-flight calls.
 - `pool: N` keeps N instances started ahead of their episodes, so an episode takes a ready one and
-  does not wait for a process start; one is started in the background for each one taken. Only for a
-  launch line that does not name the sample or episode (envs.templates refuses it otherwise). Pool
-  instances are not episodes: they do not count against `max_concurrency`.
+  does not wait for a process start. When an episode closes, a replacement is started in the
+  background, at most POOL_STARTS at once (a quarter of the CPUs, at least one): a batch's worth of
+  interpreters starting while the batch still runs would take the CPU from the rollout using the pool
+  (benchmarks/episodes.py measures it); a batch's episodes end together, so its replacements start as
+  it finishes, during scoring and the update. Only for a launch line that does not name the sample or
+  episode (envs.templates refuses it otherwise). Pool instances are not episodes: they do not count
+  against `max_concurrency`.
+- A closing episode frees its slot at once (`free`); stopping its instance (`discard`) may finish later
+  (envs.episode: a trajectory does not wait for a process to exit).
 
 Stopping the env stops every instance, pooled or live, and cancels the pool's pending starts.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from typing import Any
@@ -34,6 +41,7 @@ from envs.templates import EpisodeVars, TemplateError, fill_launch, launch_refs,
 
 logger = logging.getLogger(__name__)
 EPISODE_DIR_PREFIX = "rlf-episode-"
+POOL_STARTS = max(1, (os.cpu_count() or 1) // 4)
 
 
 class EpisodeServer:
@@ -48,6 +56,7 @@ class EpisodeServer:
         self._live: asyncio.Semaphore | None = None
         self._ready: list[MCPServerConnection] = []
         self._filling: set[asyncio.Task] = set()
+        self._starts: asyncio.Semaphore | None = None  # bounds the pool's own starts (POOL_STARTS)
         self._instances: set[MCPServerConnection] = set()  # every started one, to stop at the end
         self._closed = False
 
@@ -62,6 +71,7 @@ class EpisodeServer:
         """List the tools from a probe instance, then fill the pool; raises ToolEnvError."""
         self._closed = False
         self._live = asyncio.Semaphore(self.spec.max_concurrency)
+        self._starts = asyncio.Semaphore(POOL_STARTS)
         if self.sample_refs and self.probe_sample is None:
             raise ToolEnvError(f"mcpServers.{self.name}: its launch line names ${{sample.{self.sample_refs[0]}}}, so listing its "
                                "tools means starting it for one sample, and none was given (the trainer and "
@@ -116,7 +126,6 @@ class EpisodeServer:
             if self._ready:
                 conn = self._ready.pop()
                 self.pool_hits += 1
-                self._refill()
             else:
                 conn = self._connection(spec)
                 await conn.start()
@@ -125,16 +134,20 @@ class EpisodeServer:
         except BaseException:
             self._live.release()
             if conn is not None:
-                await self._discard(conn)
+                await self.discard(conn)
             raise
 
+    def free(self) -> None:
+        """An episode using this server closed: another may start (its instance may still be exiting), and the
+        pool gets a replacement started."""
+        if self._live is not None:
+            self._live.release()
+        self._refill()
+
     async def release(self, conn: MCPServerConnection) -> None:
-        """Stop an episode's instance (its process exits) and free its slot."""
-        try:
-            await self._discard(conn)
-        finally:
-            if self._live is not None:
-                self._live.release()
+        """Free an episode's slot and stop its instance (its process exits)."""
+        self.free()
+        await self.discard(conn)
 
     # ---- helpers --------------------------------------------------------------------------------
 
@@ -143,7 +156,8 @@ class EpisodeServer:
         self._instances.add(conn)
         return conn
 
-    async def _discard(self, conn: MCPServerConnection) -> None:
+    async def discard(self, conn: MCPServerConnection) -> None:
+        """Stop an instance for good (never back into the pool)."""
         self._instances.discard(conn)
         await conn.stop()
 
@@ -164,15 +178,16 @@ class EpisodeServer:
     async def _fill_one(self) -> None:
         conn = self._connection(self.spec)
         try:
-            await conn.start()
+            async with self._starts:
+                await conn.start()
         except ServerStartError as exc:  # the next episode starts its own, and reports the failure
             logger.warning("warm pool of %r: an instance failed to start: %s", self.name, exc)
-            await self._discard(conn)
+            await self.discard(conn)
             return
         except BaseException:
-            await self._discard(conn)
+            await self.discard(conn)
             raise
         if self._closed:
-            await self._discard(conn)
+            await self.discard(conn)
         else:
             self._ready.append(conn)

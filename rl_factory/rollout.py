@@ -181,8 +181,8 @@ class Agent:
         except EpisodeError as exc:
             traj = self._failed(sample, sample_index, exc)
         finally:
-            if episode is not None:
-                await episode.close()
+            if episode is not None:  # its processes exit in the background: the trajectory is done
+                await episode.close(wait=False)
         return traj
 
     def _failed(self, sample: dict, sample_index: int, exc: EpisodeError) -> Trajectory:

@@ -78,3 +78,12 @@ def test_a_session_whose_episode_fails_trains_nothing(episodes, tmp_path):
     out = asyncio.run(run())  # the row has no db_id column: its episode cannot open
     assert out.non_tensor_batch["rl_factory_dropped"][0] == "episode_error"
     assert out.batch["response_mask"][0].sum() == 0 and float(out.batch["rm_scores"][0].sum()) == 0.0
+
+
+def test_an_inline_manifest_naming_the_sample_is_refused_on_verl():
+    from rl_factory.backends.verl.launcher import check_supported
+    from rl_factory.config import ConfigError, load_config
+
+    inline = "env.tools={mcpServers:{db:{command:python,args:['${sample.db_path}'],scope:episode}}}"
+    with pytest.raises(ConfigError, match="put it in a file and set env.tools=path/to/tools.yaml"):
+        check_supported(load_config("grpo", ["trainer.backend=verl", inline]))

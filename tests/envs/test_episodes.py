@@ -63,8 +63,15 @@ async def test_each_episode_gets_its_own_process_with_its_samples_values(tmp_pat
         assert alive(me[1]["pid"])
         metrics = env.metrics()
         assert metrics["episode/opened"] == 2 and metrics["episode/open_s/max"] > 0
-    # stopping the env closes the episode left open
+        # as the rollout closes them: the process is stopped once no episode is open any more
+        third = await env.open_episode({"tag": "c", "n": 3})
+        pid = json.loads((await call(third, "whoami")).text)["pid"]
+        await third.close(wait=False)
+        await asyncio.sleep(0.5)
+        assert alive(pid) and Path(third.workdir).exists()  # `second` is still open: not yet
+    # stopping the env closes the episode left open, and finishes the teardown it waited for
     assert not alive(me[1]["pid"]) and not Path(second.workdir).exists()
+    assert not alive(pid) and not Path(third.workdir).exists()
 
 
 async def test_hidden_arguments_are_filled_from_the_sample_and_hidden_from_the_model():

@@ -108,3 +108,18 @@ def test_two_training_steps_on_the_embedded_default(installed, two_steps, tmp_pa
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines[1:]:
         assert m["episode/opened"] == 4 and "reward/mean" in m and m.get("episode/failed", 0) == 0
+
+
+def test_main_eval_scores_each_row_in_its_episode(installed, tiny_model_dir, tmp_path):
+    """evaluate (main_eval.sh's code) opens an episode per trajectory and scores it there."""
+    from rl_factory.config import load_config
+    from rl_factory.evaluate_cli import run_eval
+
+    cfg = load_config("eval", [f"model.path={tiny_model_dir}", "model.device=cpu", f"env.tools={MEMORY / 'tools.yaml'}",
+                               f"eval.files={MEMORY / 'data' / 'val.jsonl'}", "eval.limit=2", "env.max_turns=2",
+                               f"reward.function={MEMORY / 'reward.py'}:reward", f"eval.output_dir={tmp_path}",
+                               "rollout.max_response_tokens=32", "eval.progress=false"])
+    result = run_eval(cfg)
+    metrics = result["metrics"]
+    assert metrics["reward/tool_calls"] == 2  # the reward asked each trajectory's own memory server
+    assert metrics.get("episode/dropped", 0) == 0 and len(result["per_row"]) == 2
