@@ -111,18 +111,21 @@ def pipeline_values(ours: DictConfig) -> dict[str, Any]:
 
 def episodic(ours: DictConfig) -> bool:
     """Whether the run's episodes hold state (`scope: episode` servers or an environment): read from the
-    config in the driver, starting nothing."""
-    from envs.manifest import load_manifest
+    config in the driver, starting nothing. The manifest is read as plain YAML, not loaded: loading it
+    interpolates `${oc.env:VAR}` and registers the values as literal secrets, which would mask them in
+    the config handed to verl's workers."""
+    import yaml
 
     if ours.env.get("environment"):
         return True
     tools = _container(ours.env.tools)
-    if not tools:
-        return False
     try:
-        return any(s.scope == "episode" for s in load_manifest(tools).servers.values())
-    except (ValueError, OSError):  # the launcher reports a bad manifest on its own
+        raw = yaml.safe_load(Path(tools).read_text()) if isinstance(tools, str) and tools else tools
+    except (OSError, yaml.YAMLError):  # the launcher reports a bad manifest on its own
         return False
+    servers = raw.get("mcpServers") if isinstance(raw, dict) else None
+    return any(isinstance(s, dict) and s.get("scope") == "episode" and not s.get("disabled")
+               for s in (servers or {}).values())
 
 
 def _sampler_path() -> str:
