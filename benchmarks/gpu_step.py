@@ -9,9 +9,10 @@ prompts x 8 rollouts, `--max-response-tokens` per turn, no validation, no checkp
 metrics.jsonl, then measures three ceilings in the same invocation, each in a fresh process on the same
 GPU, on the same model and the same token counts:
 
-- `vllm_generate`: vLLM alone (offline `LLM.generate`) on as many requests as the step had trajectories,
-  each prompt repeated `n` times as in a GRPO group, prompts of the step's mean prompt length, generating
-  the step's mean generated length (ignore_eos), at the rollout's gpu_memory_utilization;
+- `vllm_generate`: vLLM alone (offline `LLM.generate`) on as many requests as a step had trajectories, all
+  at once, each prompt repeated `n` times as in a GRPO group, prompts of the step's mean prompt length, each
+  request generating as many tokens as one trajectory of the step did (ignore_eos: the longest sets the
+  critical path, as in the rollout), at the rollout's gpu_memory_utilization;
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
@@ -29,11 +30,13 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.stamp import stamp_lines  # noqa: E402
 
 SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B)
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -113,15 +116,18 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:  # keep what finished: the steps logged so far are still measured
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = "timeout"
+    proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # Each line stamped with the seconds since launch: where verl's start-up goes (Ray, FSDP, vLLM) is read here.
+    writer = threading.Thread(target=stamp_lines, args=(proc.stdout, log, t0), daemon=True)
+    writer.start()
+    try:
+        code = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:  # keep what finished: the steps logged so far are still measured
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = "timeout"
+    writer.join(timeout=10)
     wall = time.perf_counter() - t0
     metrics = run_dir / "metrics.jsonl"
     lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -144,8 +150,9 @@ def step_numbers(lines: list[dict]) -> dict:
     out = {name: _median([m[key] for m in steady if key in m]) for name, key in phases.items()}
     out["total_tokens"] = _median([m["perf/total_num_tokens"] for m in steady if "perf/total_num_tokens" in m])
     out["all_step_s"] = [round(m.get("timing/step_s", float("nan")), 3) for m in lines]
-    out["max_memory_allocated_gb"] = max((m.get("perf/max_memory_allocated_gb", 0) for m in lines), default=0)
-    out["max_memory_reserved_gb"] = max((m.get("perf/max_memory_reserved_gb", 0) for m in lines), default=0)
+    # verl's V1 trainer logs the actor's peak memory as actor/perf/*, the legacy trainer as perf/*
+    for name in ("max_memory_allocated_gb", "max_memory_reserved_gb"):
+        out[name] = max((m.get(f"actor/perf/{name}", m.get(f"perf/{name}", 0)) for m in lines), default=0)
     return out
 
 
@@ -166,22 +173,31 @@ def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
 # ---- ceilings (each runs in its own process: `python gpu_step.py --ceiling NAME --spec JSON`) ----------
 
 def ceiling_vllm(spec: dict) -> dict:
+    """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
+    as many tokens as one trajectory of the step did (ignore_eos), all submitted at once.
+
+    Each request keeps its own trajectory's length, not the mean: the longest trajectory is the critical
+    path of a rollout, and a ceiling at the mean length would hide it.
+    """
     import random
 
     from vllm import LLM, SamplingParams
 
+    gen_lens = spec["gen_lens"]
     llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
-              max_model_len=spec["prompt_len"] + spec["gen_len"] + 16, enable_prefix_caching=True)
+              max_model_len=spec["prompt_len"] + max(gen_lens) + 16, enable_prefix_caching=True)
     rng = random.Random(0)
-    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])] for _ in range(spec["prompts"])]
-    requests = [{"prompt_token_ids": p} for p in prompts for _ in range(spec["n"])]
-    params = SamplingParams(temperature=1.0, max_tokens=spec["gen_len"], min_tokens=spec["gen_len"], ignore_eos=True)
-    llm.generate(requests[: spec["n"]], params, use_tqdm=False)  # warm up: graphs, allocator
+    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
+               for _ in range(-(-len(gen_lens) // spec["n"]))]
+    requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
+    params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in gen_lens]
+    llm.generate(requests[: spec["n"]], params[: spec["n"]], use_tqdm=False)  # warm up: graphs, allocator
     t0 = time.perf_counter()
     outs = llm.generate(requests, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "requests": len(requests), "max_gen_len": max(gen_lens)}
 
 
 def ceiling_train(spec: dict) -> dict:
@@ -309,11 +325,10 @@ def main() -> None:
         result["baseline_step_s"] = BASELINE_STEP_S[args.shape]
         result["speedup_vs_baseline"] = BASELINE_STEP_S[args.shape] / numbers["step"]
     if not args.no_ceilings and lengths["total"]:
-        n_prompts = max(1, round(trajectories / args.n))
         vllm = measure_ceiling("vllm", {
             "model": str(model), "gpu_memory_utilization": result["tuned"]["actor_rollout_ref.rollout.gpu_memory_utilization"],
-            "prompts": n_prompts, "n": args.n, "prompt_len": round(statistics.fmean(lengths["prompt"])),
-            "gen_len": max(1, round(gen_tokens / trajectories)), "vocab": _vocab(model)}, out)
+            "n": args.n, "prompt_len": round(statistics.fmean(lengths["prompt"])),
+            "gen_lens": [max(1, n) for n in lengths["generated"][: round(trajectories)]], "vocab": _vocab(model)}, out)
         steps_measured = max(1, len({m["step"] for m in lines if m["step"] >= 2}))
         one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
         train = measure_ceiling("train", {"model": str(model), "lengths": one_step,

@@ -5,6 +5,7 @@
 #                                            # verl checkpoint -> model merger -> main_eval.sh on the GPU
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
 #   bash benchmarks/gpu_suite.sh large       # 4B shape full fine-tuning and LoRA; 8 turns of ~1k-token observations
+#   bash benchmarks/gpu_suite.sh collect DIR # results + logs (no weights) into DIR/gpu_suite.tgz
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
 # estimators, losses and metrics logger through the verl.plugins entry point. Each verl job spends a few
@@ -16,14 +17,17 @@ PY=${PYTHON:-python3}
 export PYTHON=$PY
 RESULTS=${RESULTS:-outputs/gpu_suite/results.jsonl}
 mkdir -p "$(dirname "$RESULTS")"
-# verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port
-SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_init.include_dashboard=false"
+# verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port, and two
+# agent-loop and reward workers each instead of eight (four jobs share the machine's CPU cores)
+SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_init.include_dashboard=false
+        actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2"
 
 learn_run() {  # name, overrides...: one verl run of the default job; its summary as a JSON line
   local name=$1; shift
+  # shellcheck disable=SC2086
   bash main_grpo.sh trainer.backend=verl trainer.n_gpus_per_node=1 trainer.output_dir=outputs/gpu_suite/$name \
-       $SHARED "$@" > outputs/gpu_suite/$name.log 2>&1
-  local code=$?
+       $SHARED "$@" 2>&1 | $PY benchmarks/stamp.py outputs/gpu_suite/$name.log
+  local code=${PIPESTATUS[0]}
   $PY - "$name" "$code" <<'PY' >> "$RESULTS"
 import json, sys
 from pathlib import Path
@@ -42,12 +46,15 @@ case "${1:-}" in
   step)
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
   learn)
+    # The builtin model is built once, here, before the jobs start: four jobs each building it at once on
+    # the same cores took minutes per 25 warm-start steps (seen on the H200 host, 2026-12-01).
+    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
     for seed in 0 1 2; do
-      learn_run seed$seed seed=$seed trainer.total_steps=20 trainer.eval_every=5 & sleep 15
+      learn_run seed$seed model.path=$tiny seed=$seed trainer.total_steps=20 trainer.eval_every=5 & sleep 15
     done
     # LoRA: rollout_probs_diff_mean (vLLM's sampling log-probs vs the actor's) stays small only if vLLM
     # samples the updated adapter after every step
-    learn_run lora seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
+    learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
     wait
     ckpt=$(ls -d outputs/gpu_suite/seed0/checkpoints/global_step_* | sort -V | tail -1)
     $PY -m verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \
@@ -65,7 +72,11 @@ case "${1:-}" in
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS"
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --lora-rank 64 --lr 1e-5 --out outputs/gpu_suite >> "$RESULTS"
     $PY benchmarks/long_context.py --shape qwen3-0.6b --steps 2 --out outputs/gpu_suite >> "$RESULTS" ;;
+  collect)  # the results and every log (small files) into one archive under $2, e.g. the device's $OUT
+    tar -czf "${2:?collect DIR}/gpu_suite.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.parquet' \
+        --exclude='model-*' --exclude='checkpoints' --exclude='hf' outputs/gpu_suite
+    cp "$RESULTS" "$2/" 2>/dev/null; exit 0 ;;
   *)
-    sed -n 2,11p "$0"; exit 2 ;;
+    sed -n 2,12p "$0"; exit 2 ;;
 esac
 echo "results: $RESULTS"

@@ -12,8 +12,12 @@ with its turns, a result for every call and a reward.
 
 After every round it samples this process's open file descriptors (and how many are sockets: an HTTP
 server's keep-alive pool fills up to its `max_concurrency`, 16 here, before it levels off), its live
-child processes (and their descendants; the two stdio servers when all is well) and its RSS. It prints one JSON line: the counts by outcome, the samples, and
-`*_growth` (last round minus the first, so the servers' start-up is not counted as growth).
+child processes (and their descendants; the two stdio servers when all is well), its RSS and the
+Python heap (`py_blocks_k`: thousands of live pymalloc blocks, after a `gc.collect()`: objects that
+leak grow it, the allocator keeping freed pages does not). It prints one JSON line: the counts by
+outcome, the samples, and `*_growth` (last round minus the first, so the servers' start-up is not
+counted as growth). `--tracemalloc N` also traces allocations (N frames each; slower) from the end
+of round 1 and reports the lines whose live memory grew most from the end of round 2 to the last.
 
     .venv/bin/python benchmarks/soak.py                                  # 1,000 x 8, four servers
     .venv/bin/python benchmarks/soak.py --trajectories 40 --turns 4 --rounds 2   # a quick one
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import json
 import os
 import random
@@ -30,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +75,8 @@ def main() -> None:
     parser.add_argument("--adversarial", type=float, default=0.05, help="share of turns that are adversarial text")
     parser.add_argument("--timeout-s", type=float, default=1.0, help="per-call timeout of every server")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                        help="trace allocations from the end of round 1; report where live memory grew")
     parser.add_argument("--tokenizer", default=None, help="a model directory (default: the embedded model, "
                                                           "built and cached on first use)")
     args = parser.parse_args()
@@ -110,7 +118,8 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
     slots = asyncio.Semaphore(args.concurrency)
     outcomes: collections.Counter[str] = collections.Counter()
     exceptions: collections.Counter[str] = collections.Counter()  # escaped a rollout: must stay empty
-    samples = {"fds": [], "sockets": [], "processes": [], "rss_mib": []}
+    samples = {"fds": [], "sockets": [], "processes": [], "rss_mib": [], "py_blocks_k": []}
+    snapshots: list[tracemalloc.Snapshot] = []
     lost, done = 0, 0
     params = SamplingParams(temperature=1.0, max_new_tokens=1 << 20)
     start, load_start = time.perf_counter(), os.getloadavg()[0]
@@ -137,7 +146,14 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
         samples["fds"].append(sum(fds.values()))
         samples["sockets"].append(fds["socket"])
         samples["processes"].append(len(descendants(os.getpid())) - len(http_servers))
+        gc.collect()
         samples["rss_mib"].append(round(rss_mib(), 1))
+        samples["py_blocks_k"].append(round(sys.getallocatedblocks() / 1000))
+        if args.tracemalloc:
+            if tracemalloc.is_tracing():  # keep two: each snapshot holds a Python object per trace
+                snapshots[1:] = [tracemalloc.take_snapshot()]
+            else:
+                tracemalloc.start(args.tracemalloc)  # after round 1: its start-up costs are not growth
     metrics = env.metrics()
     errors = {k.removeprefix("tool/errors/"): int(v) for k, v in metrics.items()
               if k.startswith("tool/errors/")}
@@ -148,7 +164,16 @@ async def run_rounds(args, rng, env, fmt, tokenizer, http_servers) -> dict:
             "cpus": os.cpu_count(), **samples,
             "fds_growth": samples["fds"][-1] - samples["fds"][0],
             "processes_growth": samples["processes"][-1] - samples["processes"][0],
-            "rss_growth_mib": round(samples["rss_mib"][-1] - samples["rss_mib"][0], 1)}
+            "rss_growth_mib": round(samples["rss_mib"][-1] - samples["rss_mib"][0], 1),
+            **({"tracemalloc_growth": grown_lines(snapshots)} if len(snapshots) > 1 else {})}
+
+
+def grown_lines(snapshots: list[tracemalloc.Snapshot], top: int = 8) -> list[str]:
+    """Where live memory grew most from the end of round 2 to the end of the last round."""
+    stats = snapshots[-1].compare_to(snapshots[0], "traceback")
+    return [f"{s.size_diff / 1024:+.0f} KiB {s.count_diff:+d} blocks: "  # allocating line first, then its callers
+            + " <- ".join(f"{'/'.join(Path(f.filename).parts[-2:])}:{f.lineno}" for f in list(s.traceback)[::-1][:4])
+            for s in stats[:top]]
 
 
 def assistant_turn(rng: random.Random, args, turn: int) -> str:

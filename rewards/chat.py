@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.http import request
+from rl_factory.loop_local import LoopLocal
 
 RETRY_STATUS = {408, 409, 425, 429}
 CACHE_SIZE = 100_000  # replies (or verdicts) kept per client / judge
@@ -61,18 +62,13 @@ class ChatClient:
         self.stats = stats if stats is not None else {}
         for key in ("requests", "retries"):
             self.stats.setdefault(key, 0)
-        self._client = self._semaphore = self._loop = None
+        # httpx clients and semaphores belong to one event loop
+        self._bound = LoopLocal(lambda: (_httpx().AsyncClient(timeout=self.timeout_s),
+                                         asyncio.Semaphore(self.max_concurrency)))
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         return {"Authorization": f"Bearer {key}"} if key else {}
-
-    def _bind(self, httpx: Any) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # httpx clients and semaphores belong to one event loop
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-            self._loop = loop
 
     async def chat(self, messages: list[dict[str, Any]], parse: Callable[[str], Any] | None = None) -> Any:
         """The assistant's reply to `messages`; with `parse`, `parse(reply)`, retrying when it raises
@@ -81,8 +77,7 @@ class ChatClient:
         Raises:
             JudgeError: refused (4xx), or still failing after the retries.
         """
-        httpx = _httpx()
-        self._bind(httpx)
+        client, semaphore = self._bound.get()
         body = {"model": self.model, "messages": messages, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -95,9 +90,9 @@ class ChatClient:
                 self.stats["retries"] += 1
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
             try:
-                async with self._semaphore:
+                async with semaphore:
                     self.stats["requests"] += 1
-                    status, content = await request(self._client, "POST", self.url, json=body,
+                    status, content = await request(client, "POST", self.url, json=body,
                                                     headers=self._headers(), timeout_s=self.timeout_s,
                                                     max_bytes=self.max_response_bytes)
                 if status >= 400:
@@ -123,9 +118,9 @@ class ChatClient:
                          f"last: {type(last).__name__}: {last}")
 
     async def aclose(self) -> None:
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.aclose()
-        self._client = self._semaphore = self._loop = None
+        bound = self._bound.pop()
+        if bound is not None:
+            await bound[0].aclose()
 
 
 def _httpx():

@@ -33,6 +33,7 @@ from typing import Any
 
 from rewards.loader import RewardFn, RewardLoadError, load_reward
 from rl_factory.guard import await_contained, call_contained
+from rl_factory.loop_local import LoopLocal
 from rl_factory.registry import Registry
 
 
@@ -100,7 +101,7 @@ class ProcessExecutor(Executor):
         super().__init__(max(1, min(max_workers, os.cpu_count() or 1)))
         self._idle: list[_Worker] = []
         self._workers: set[_Worker] = set()
-        self._slots: tuple[Any, asyncio.Semaphore] | None = None  # (loop, semaphore)
+        self._slots = LoopLocal(lambda: asyncio.Semaphore(self.max_workers))
 
     def check(self, fn: RewardFn) -> None:
         if not fn.is_async and "tools" in fn.arg_names:
@@ -112,7 +113,7 @@ class ProcessExecutor(Executor):
         # by name there); others travel pickled, by reference.
         target = fn.spec or fn.fn
         kwargs = {k: v for k, v in kwargs.items() if k != "tools"}  # only there through **kwargs
-        async with self._semaphore():
+        async with self._slots.get():
             worker = self._idle.pop() if self._idle else await self._spawn()
             try:
                 worker.conn.send((target, kwargs))
@@ -143,12 +144,6 @@ class ProcessExecutor(Executor):
         if status == "error":
             raise payload
         return payload
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:  # one executor may serve several asyncio.run
-            self._slots = (loop, asyncio.Semaphore(self.max_workers))
-        return self._slots[1]
 
     async def _spawn(self) -> _Worker:
         worker = _Worker()

@@ -31,6 +31,7 @@ from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
 from rewards.process import ProcessReward, turn_kwargs
 from rl_factory.guard import passes_through
+from rl_factory.loop_local import LoopLocal
 from rl_factory.types import EPISODE_FAILED
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class Scorer:
         self.name = " + ".join(f"{c.weight:g}*{c.name}" for c in components) if named else components[0].fn.name
         self.max_concurrency = max_concurrency
         self.tools = RewardTools(None)
-        self._slots: tuple[Any, asyncio.Semaphore] | None = None  # (loop, semaphore): made inside the loop
+        self._slots = LoopLocal(lambda: asyncio.Semaphore(self.max_concurrency))
         self._tasks: dict[int, asyncio.Task] = {}  # id(trajectory) -> its scoring task
 
     @classmethod
@@ -188,10 +189,7 @@ class Scorer:
         return self._tasks[id(traj)]
 
     async def _score_bounded(self, traj: Trajectory, tools: Any = None) -> None:
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:  # one scorer may serve several asyncio.run
-            self._slots = (loop, asyncio.Semaphore(self.max_concurrency))
-        async with self._slots[1]:
+        async with self._slots.get():
             await self.score(traj, tools)
 
     async def wait(self, trajs: list[Trajectory]) -> dict[str, float]:

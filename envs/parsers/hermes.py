@@ -17,17 +17,10 @@ Not for Qwen3-Coder / Qwen3.5, which use an XML `<function=...>` format inside t
 """
 from __future__ import annotations
 
-import re
-
 from envs.parsers import register_parser
+from envs.parsers.blocks import TOOL_CALL, guess_name, malformed, name_problem, strip_end_markers
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text
 from rl_factory.types import ToolCall
-
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
-# End-of-turn tokens an engine may leave in decoded text (stop-agnostic: strip if present).
-END_MARKERS = ("<|im_end|>", "<|endoftext|>")
-NAME_GUESS = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
-MAX_NAME_CHARS = 200
 
 
 @register_parser("hermes")
@@ -51,43 +44,26 @@ class HermesParser:
 def _to_call(body: str, raw: str) -> ToolCall:
     body = body.strip()
     if not body:
-        return _malformed("", raw, "empty <tool_call> block")
+        return malformed("", raw, "empty <tool_call> block")
     try:
         obj = load_json(body)
     except JSONProblem as err:
-        return _malformed(_guess_name(body), raw, str(err))
+        return malformed(guess_name(body), raw, str(err))
     if not isinstance(obj, dict):
-        return _malformed("", raw, 'expected a JSON object {"name": ..., "arguments": {...}}')
+        return malformed("", raw, 'expected a JSON object {"name": ..., "arguments": {...}}')
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        return _malformed("", raw, 'missing "name" (a non-empty string)')
-    if len(name) > MAX_NAME_CHARS or "\ufffd" in name:
-        return _malformed("", raw, f'"name" must be a tool name (at most {MAX_NAME_CHARS} characters of '
-                                   "valid Unicode)")
+        return malformed("", raw, 'missing "name" (a non-empty string)')
+    if problem := name_problem(name):
+        return malformed("", raw, problem)
     arguments = obj.get("arguments")
     if isinstance(arguments, str):
         try:
             arguments = load_json(arguments) if arguments.strip() else {}
         except JSONProblem as err:
-            return _malformed(name, raw, f'"arguments" is a string but not valid JSON: {err}')
+            return malformed(name, raw, f'"arguments" is a string but not valid JSON: {err}')
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        return _malformed(name, raw, f'"arguments" must be a JSON object, got {type(arguments).__name__}')
+        return malformed(name, raw, f'"arguments" must be a JSON object, got {type(arguments).__name__}')
     return ToolCall(name=name, arguments=arguments, raw=raw)
-
-
-def _malformed(name: str, raw: str, why: str) -> ToolCall:
-    return ToolCall(name=name, arguments=None, raw=raw, error=why)
-
-
-def _guess_name(body: str) -> str:
-    match = NAME_GUESS.search(body)
-    return match.group(1) if match else ""
-
-
-def strip_end_markers(text: str) -> str:
-    text = text.rstrip()
-    for marker in END_MARKERS:
-        text = text.removesuffix(marker).rstrip()
-    return text

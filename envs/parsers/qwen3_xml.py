@@ -28,14 +28,13 @@ import re
 from typing import Any
 
 from envs.parsers import register_parser
-from envs.parsers.hermes import MAX_NAME_CHARS, TOOL_CALL, strip_end_markers
+from envs.parsers.blocks import TOOL_CALL, guess_name, malformed, name_problem, strip_end_markers
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text
 from rl_factory.types import ToolCall
 
 FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
 PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)",
                        re.DOTALL)
-NAME_GUESS = re.compile(r'<function=([^>\s]+)|"name"\s*:\s*"([^"\\]*)"')
 # JSON Schema type of each JSON value Python parses (bool before int: bool is an int subclass).
 JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
               (list, "array"), (dict, "object"), (type(None), "null"))
@@ -63,26 +62,26 @@ class Qwen3XMLParser:
 
     def _block(self, body: str, raw: str) -> list[ToolCall]:
         if not body.strip():
-            return [_malformed("", raw, "empty <tool_call> block")]
+            return [malformed("", raw, "empty <tool_call> block")]
         functions = list(FUNCTION.finditer(body))
         if not functions:
-            return [_malformed(_guess_name(body), raw, "expected <function=NAME> ... </function> "
-                                                       "inside <tool_call>")]
+            return [malformed(guess_name(body), raw, "expected <function=NAME> ... </function> "
+                                                      "inside <tool_call>")]
         return [self._call(m.group(1).strip(), m.group(2), raw) for m in functions]
 
     def _call(self, name: str, inner: str, raw: str) -> ToolCall:
         if not name:
-            return _malformed("", raw, "empty function name in <function=...>")
-        if len(name) > MAX_NAME_CHARS:
-            return _malformed("", raw, f"function name longer than {MAX_NAME_CHARS} characters")
+            return malformed("", raw, "empty function name in <function=...>")
+        if problem := name_problem(name):
+            return malformed("", raw, problem)
         schemas = self._params.get(name, {})
         arguments: dict[str, Any] = {}
         for match in PARAMETER.finditer(inner):
             key = match.group(1).strip()
             if not key:
-                return _malformed(name, raw, "empty parameter name in <parameter=...>")
+                return malformed(name, raw, "empty parameter name in <parameter=...>")
             if key in arguments:
-                return _malformed(name, raw, f"parameter '{key}' is given twice")
+                return malformed(name, raw, f"parameter '{key}' is given twice")
             value = match.group(2).removeprefix("\n").removesuffix("\n")
             arguments[key] = coerce(value, schemas.get(key))
         return ToolCall(name=name, arguments=arguments, raw=raw)
@@ -115,12 +114,3 @@ def _schema_types(schema: dict[str, Any]) -> set[str]:
     for item in schema.get("enum", []):
         types.add(next(t for cls, t in JSON_TYPES if isinstance(item, cls)))
     return set() if "any" in types else types
-
-
-def _malformed(name: str, raw: str, why: str) -> ToolCall:
-    return ToolCall(name=name, arguments=None, raw=raw, error=why)
-
-
-def _guess_name(body: str) -> str:
-    match = NAME_GUESS.search(body)
-    return (match.group(1) or match.group(2)) if match else ""

@@ -202,3 +202,37 @@ def test_a_prompt_over_verls_cap_fails_before_generating(verl_setup):
         return worker.llm_client.calls
 
     assert asyncio.run(run()) == []  # nothing was sent to the server
+
+
+ADVERSARIAL = [  # what the parsers once crashed on, each in its own block of one assistant turn
+    # nested past json's recursion limit (RecursionError), a 10,000-digit number (ValueError),
+    # lone surrogates in a name and in an argument (UnicodeEncodeError when written), a cut-off block
+    '<tool_call>\n{"name": "calculator", "arguments": ' + "[" * 1500 + "]" * 1500 + "}\n</tool_call>",
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": ' + "9" * 10_000 + "}}\n</tool_call>",
+    '<tool_call>\n{"name": "calc\\ud800ulator", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "\\udfff 1 + 1"}}\n</tool_call>',
+    CALL,
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 +',  # cut off: no closing tag
+]
+
+
+def test_adversarial_tool_calls_through_verls_worker_are_tool_errors(verl_setup):
+    from verl.protocol import DataProto
+
+    cfg, files = verl_setup("rollout.max_response_tokens=16000", "rollout.max_total_tokens=16000")
+    batch = load_rows(cfg, files)
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [["\n".join(ADVERSARIAL), "The answer is 10063."]])
+        return await asyncio.wait_for(
+            worker.generate_sequences(DataProto.from_single_dict(batch, meta_info={"global_steps": 1})), 120)
+
+    out = asyncio.run(run())
+    traj = from_record(out.non_tensor_batch[RECORD_KEY][0])
+    kinds = [r.error_kind for r in traj.tool_results]
+    assert kinds == ["parse", "parse", "parse", "server_error", None, "parse"], [r.text for r in traj.tool_results]
+    assert traj.tool_results[4].text == "10063" and traj.completion == "The answer is 10063."
+    assert "nested" in traj.tool_results[0].text and "valid Unicode" in traj.tool_results[2].text
+    assert traj.tool_calls[3].arguments == {"expression": "\ufffd 1 + 1"}  # repaired, then run (and refused)
+    assert out.non_tensor_batch["tool_errors"][0] == 5 and out.non_tensor_batch["stop_reason"][0] == "answer"

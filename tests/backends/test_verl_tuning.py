@@ -46,6 +46,16 @@ def test_unknown_model_keeps_the_model_independent_choices_only():
     assert v["actor_rollout_ref.model.use_fused_kernels"] and "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in v
 
 
+def test_cuda_graphs_are_captured_for_the_decode_batches_the_rollout_reaches():
+    # 16 prompts x 8 on one replica: 128 trajectories decode at once at most
+    assert _values(None, concurrency=128)["actor_rollout_ref.rollout.cudagraph_capture_sizes"] == [
+        1, 2, 4, 8, 16, 32, 64, 128]
+    # never past vLLM's max_num_seqs (a larger batch runs in several decode batches)
+    sizes = _values(None, concurrency=2048, max_num_seqs=256)["actor_rollout_ref.rollout.cudagraph_capture_sizes"]
+    assert sizes[-1] == 256 and all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    assert _values(None, concurrency=300, max_num_seqs=300)["actor_rollout_ref.rollout.cudagraph_capture_sizes"][-1] == 300
+
+
 def test_missing_rollout_engine_is_one_line_naming_the_install():
     from omegaconf import OmegaConf
 

@@ -1,6 +1,6 @@
 """No model output can crash a step: both parsers and a full rollout against arbitrary and adversarial
 assistant text (hypothesis), plus the cases that did crash: deep nesting, huge numbers, lone UTF-16
-surrogates, 200 calls in one turn.
+surrogates, 200 calls in one turn (capped, so they cannot starve a sibling trajectory's call).
 
 The property tests assert what a step needs downstream: `parse` returns, every call's arguments are
 a dict (or None with an error), everything is valid Unicode (the rollout file is written as UTF-8),
@@ -134,12 +134,41 @@ def test_deep_nesting_and_long_numbers_become_errors_the_model_sees(parser_name,
         assert isinstance(call.arguments["xs"], str)  # left as text; the schema check will say so
 
 
-def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_written(tmp_path):
-    text = '<tool_call>\n{"name": "\\ud800evaluate", "arguments": {"expression": "\\udfff 1+1"}}\n</tool_call>'
-    (call,) = check_parse("hermes", text)
-    assert call.arguments is None and "valid Unicode" in call.error
-    (ok,) = check_parse("hermes", text.replace("\\ud800evaluate", "evaluate"))
-    assert ok.arguments == {"expression": "\ufffd 1+1"}  # repaired to U+FFFD in arguments
+def test_a_lone_surrogate_in_a_tool_name_is_an_error_and_the_rollout_file_is_written(tokenizer, tmp_path):
+    bad = '<tool_call>\n{"name": "\\ud800evaluate", "arguments": {"expression": "\\udfff 1+1"}}\n</tool_call>'
+    good = bad.replace("\\ud800evaluate", "evaluate")
+    traj, metrics = asyncio.run(rollout(tokenizer, [bad + "\n" + good, "done"]))
+    path = tmp_path / "rollouts" / "step_000001.jsonl"  # where the trainer writes a step's trajectories
+    write_rollouts(path, [traj])
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no .tmp left behind
+    record = json.loads(path.read_bytes().decode("utf-8"))  # strict UTF-8: nothing unencodable got in
+    refused, repaired = record["tool_calls"]
+    assert refused["name"] == "" and refused["arguments"] is None and "valid Unicode" in refused["error"]
+    assert repaired == {"name": "evaluate", "arguments": {"expression": "\ufffd 1+1"}, "error": None}
+    assert [r["error_kind"] for r in record["tool_results"]] == ["parse", "server_error"]  # "\ufffd 1+1" is no sum
+    assert record["turn_texts"][0] == bad + "\n" + good  # the model's own escapes, kept as it wrote them
+    assert metrics["tool/errors/parse"] == 1
+
+
+NAMED = {  # one tool name, as each wire format writes it
+    "hermes": '<tool_call>\n{"name": "%s", "arguments": {"expression": "1"}}\n</tool_call>',
+    "qwen3_xml": "<tool_call>\n<function=%s>\n<parameter=expression>\n1\n</parameter>\n</function>\n</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", ["evaluate\ud800", "\udfffevaluate", "evaluate\ufffd", "e" * 201])
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_both_parsers_refuse_the_same_invalid_tool_names(parser_name, name):
+    (call,) = check_parse(parser_name, NAMED[parser_name] % name)
+    assert (call.name, call.arguments) == ("", None)
+    assert call.error == "the tool name must be at most 200 characters of valid Unicode"
+    results = asyncio.run(_call_batch([call]))
+    assert results[0].error_kind == "parse"  # not "unknown_tool": the model is told what was wrong
+
+
+async def _call_batch(calls):
+    async with ToolEnv.from_manifest(FUNCTION_TOOLS) as env:
+        return await env.call_batch(calls)
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +218,19 @@ def test_two_hundred_calls_in_one_turn_are_capped(tokenizer):
     assert "at most 16 run per turn (env.max_calls_per_turn)" in results[16].text
     assert metrics["tool/errors/too_many_calls"] == 184
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_calls_does_not_starve_a_sibling_trajectorys_call(tmp_path, write_manifest, fault_server):
+    # A server that serves one call at a time, and a per-call timeout of 2 s. Uncapped, the sibling's
+    # call would queue on the server behind up to max_concurrency (64) of the flood's calls: 3.2 s.
+    path = write_manifest(tmp_path, {"faulty": fault_server(timeout_s=2)})
+    async with ToolEnv.from_manifest(path) as env:  # default limits: 16 calls of a turn run
+        await env.list_tools()
+        flood = asyncio.ensure_future(env.call_batch([ToolCall("serial", {"seconds": 0.05})] * 200))
+        await asyncio.sleep(0.1)  # the flood's calls reach the server first
+        (sibling,) = await env.call_batch([ToolCall("serial", {"seconds": 0.05})])
+        flooded = await flood
+    assert sibling.ok, sibling.text
+    assert all(r.ok for r in flooded[:16]), [r.text for r in flooded[:16] if not r.ok]
+    assert {r.error_kind for r in flooded[16:]} == {"too_many_calls"}

@@ -1,10 +1,11 @@
 """What one tool can cost, for every kind of source: output bytes, startup time, a SystemExit, secrets.
 
-A tool returning 32 MiB is dropped while it is read (stdio, streamable HTTP) or cut (a function), in
-seconds and without holding it in memory; a result over `max_output_bytes` keeps its head and tail;
-an SSE server that never sends its endpoint event fails within `startup_timeout_s`; `SystemExit`
-in a function tool is an error result, not the end of the trainer; a key echoed in a successful
-result or on a server's stderr never reaches the rollouts or tool_logs.
+A tool returning 32 MiB is dropped while it is read (stdio, streamable HTTP, SSE) or cut (a function),
+in seconds and without holding it in memory, and fails only its own call; a result over
+`max_output_bytes` keeps its head and tail; an SSE server that never sends its endpoint event fails
+within `startup_timeout_s`; `SystemExit` in a function tool is an error result, not the end of the
+trainer; a key echoed in a successful result or on a server's stderr never reaches the rollouts or
+tool_logs.
 """
 import asyncio
 import json
@@ -72,23 +73,51 @@ async def test_a_32_mib_stdio_result_is_dropped_while_read(tmp_path, write_manif
         assert env.metrics()["tool/errors/too_large"] == 1
 
 
-async def test_a_32_mib_http_result_is_dropped_while_read(tmp_path, write_manifest, repo_root):
+@pytest.mark.parametrize("transport, path", [("streamable-http", "/mcp"), ("sse", "/sse")])
+async def test_a_32_mib_http_or_sse_result_fails_only_its_own_call(tmp_path, write_manifest, repo_root,
+                                                                   transport, path):
     port = free_port()
     server = subprocess.Popen([sys.executable, str(repo_root / "tests" / "fakes" / "fault_server.py"),
-                               "--transport", "streamable-http", "--port", str(port)],
+                               "--transport", transport, "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         await wait_for_port(port)
-        path = write_manifest(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp", "timeout_s": 120}})
-        async with ToolEnv.from_manifest(path) as env:
-            start = time.perf_counter()
-            result = await env.call(ToolCall("big", {"mib": 32}))
-            print(f"\n32 MiB over HTTP: {time.perf_counter() - start:.2f} s -> {result.text[:90]!r}")
-            assert result.error_kind == "too_large" and len(result.text) < 500
-            assert (await env.call(ToolCall("pid", {}))).ok
+        spec = {"url": f"http://127.0.0.1:{port}{path}", "transport": transport.replace("-", "_"), "timeout_s": 120}
+        async with ToolEnv.from_manifest(write_manifest(tmp_path, {"web": spec})) as env:
+            pid = (await env.call(ToolCall("pid", {}))).text
+            before, start = rss_mib(), time.perf_counter()
+            # One call's oversized answer shares the connection (SSE: one event stream) with the others.
+            big, *siblings = await env.call_batch([ToolCall("big", {"mib": 32}), ToolCall("pid", {}),
+                                                   ToolCall("sleep", {"seconds": 0.1})])
+            seconds, grown = time.perf_counter() - start, rss_mib() - before
+            print(f"\n32 MiB over {transport}: {seconds:.2f} s, RSS +{grown:.0f} MiB -> {big.text[:90]!r}")
+            assert big.error_kind == "too_large" and "byte limit" in big.text and len(big.text) < 500
+            assert [s.ok for s in siblings] == [True, True], siblings
+            assert seconds < 20 and grown < 100
+            after = await env.call(ToolCall("pid", {}))
+            assert after.ok and after.text == pid  # the same connection, not a restart
+            assert env.metrics()["tool/errors/too_large"] == 1 and "tool/errors/crashed" not in env.metrics()
     finally:
         server.kill()
         server.wait()
+
+
+async def test_sse_framing_keeps_only_the_head_of_an_oversized_event():
+    from envs.transports import sse_events
+
+    big = b'{"jsonrpc": "2.0", "id": 7, "result": "' + b"z" * 5000 + b'"}'
+    wire = (b": ping\r\n\r\nevent: endpoint\r\ndata: /messages/?session_id=1\r\n\r\n"
+            b"data: {\"a\":\ndata: 1}\n\n" b"data: " + big + b"\r\n\r\n" b"data:\r\n\r\n")
+
+    async def chunks():  # split anywhere, CR and LF apart included
+        for i in range(0, len(wire), 7):
+            yield wire[i:i + 7]
+
+    events = [e async for e in sse_events(chunks(), limit=1024)]
+    assert events[:2] == [("endpoint", b"/messages/?session_id=1", 23), ("message", b'{"a":\n1}', 8)]
+    kind, head, size = events[2]
+    assert kind == "message" and size == len(big) and head == big[:4096]  # the head names the request
+    assert events[3] == ("message", b"", 0) and len(events) == 4  # a keep-alive
 
 
 async def test_a_function_tools_32_mib_result_is_cut(tmp_path):

@@ -2,8 +2,8 @@
 
     python tests/fakes/fault_server.py [--banner]
 
-Tools: `sleep` (async), `block` (a sync tool that holds its worker thread), `hang` (never
-returns), `pid`, `inflight` (calls now running), `noisy` (writes garbage to stdout, then
+Tools: `sleep` (async), `block` (a sync tool that holds its worker thread), `serial` (serves
+one call at a time, like a tool holding one browser or a database lock), `hang` (never returns), `pid`, `inflight` (calls now running), `noisy` (writes garbage to stdout, then
 answers), `leak` (fails with the value of an environment variable in its message), `reveal`
 (returns it, successfully, and writes it to stderr), `big` (returns a text of `mib` MiB).
 `--banner` prints a non-JSON line to stdout before the MCP handshake, as careless servers do;
@@ -47,6 +47,17 @@ def block(seconds: float) -> str:
     """Hold a worker thread for `seconds` (a tool stuck in blocking I/O)."""
     time.sleep(seconds)
     return f"blocked {seconds}"
+
+
+SERIAL = asyncio.Lock()
+
+
+@server.tool()
+async def serial(seconds: float) -> str:
+    """Sleep for `seconds` while holding the server's one lock (calls queue, first come first served)."""
+    async with SERIAL:
+        await asyncio.sleep(seconds)
+    return f"slept {seconds}"
 
 
 @server.tool()

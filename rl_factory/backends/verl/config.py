@@ -188,9 +188,18 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
     try:
         return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
                     longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
-                    lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=cfg.algorithm.adv_estimator == "gae")
+                    lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=cfg.algorithm.adv_estimator == "gae",
+                    concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _rollout_concurrency(cfg: DictConfig) -> int:
+    """Trajectories one vLLM replica may decode at once: a step's prompts x n over the replicas."""
+    rollout = cfg.actor_rollout_ref.rollout
+    gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+    replicas = max(1, gpus // max(1, int(rollout.tensor_model_parallel_size)))
+    return -(-int(cfg.data.train_batch_size) * int(rollout.n) // replicas)
 
 
 def _check_keys(base: DictConfig, parsed: list[Any]) -> None:

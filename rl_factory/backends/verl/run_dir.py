@@ -29,6 +29,7 @@ from typing import Any
 PARTS_DIR = Path("rollouts") / ".parts"
 LOGGER_NAME = "rl_factory"
 INVALID_TOOL = "_invalid"  # calls to names no server serves, pooled as ToolEnv.metrics() does
+UNROUTED_KINDS = ("parse", "unknown_tool", "too_many_calls")  # failures decided before a tool is looked up
 # verl's timing_s/<phase> -> our timing/<name>_s, where our name differs from verl's phase name
 TIMING_NAMES = {"gen": "rollout", "update_actor": "update"}
 
@@ -63,9 +64,14 @@ def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None)
     """ToolEnv.metrics()'s counters (`tool/calls`, `tool/<name>/calls`, `tool/errors/<kind>`, ...) from rollouts lines."""
     counts: Counter[str] = Counter()
     latencies = []
+    results = [res for line in lines for res in line["tool_results"]]
+    # Without the manifest's names, a name is a tool's if some call of it got past the env's local checks:
+    # a garbled call (a parse error, often with an empty or invented name) must not mint its own key.
+    known = set(tool_names) if tool_names is not None else {
+        res["name"] for res in results if res["error_kind"] not in UNROUTED_KINDS}
     for line in lines:
         for res in line["tool_results"]:
-            unknown = res["error_kind"] == "unknown_tool" or (tool_names is not None and res["name"] not in tool_names)
+            unknown = res["error_kind"] == "unknown_tool" or res["name"] not in known
             name = INVALID_TOOL if unknown else res["name"]
             counts["tool/calls"] += 1
             counts[f"tool/{name}/calls"] += 1

@@ -106,10 +106,25 @@ def attention_implementation() -> str:
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "rl_factory_varlen"
 
 
+def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
+    """Powers of two up to the decode batch the rollout can reach (at most vLLM's max_num_seqs)."""
+    top = min(max_num_seqs, 1 << max(0, concurrency - 1).bit_length())
+    sizes = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+    return sizes if sizes[-1] == top else [*sizes, top]
+
+
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
-         critic: bool) -> Plan:
-    """verl key -> value for the performance settings (see the module docstring)."""
+         critic: bool, concurrency: int = 0, max_num_seqs: int = 256) -> Plan:
+    """verl key -> value for the performance settings (see the module docstring).
+
+    `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
+    """
     out = Plan()
+    if concurrency > 0:
+        sizes = capture_sizes(concurrency, max_num_seqs)
+        out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
+                f"CUDA graphs for the decode batches {concurrency} concurrent trajectories reach, instead of vLLM's "
+                "~50 sizes up to 512: each size is captured twice (full and piecewise) at start-up")
     attn = attention_implementation()
     why = ("flash-attn is installed" if attn == "flash_attention_2" else
            "no flash-attn: torch's FlashAttention varlen kernel on packed sequences (rl_factory/models/varlen_attention.py)")
