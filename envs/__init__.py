@@ -4,6 +4,8 @@
         tools = await env.list_tools()             # starts the servers, once; OpenAI-shape schemas
         content, calls = get_parser("hermes", tools=tools).parse(model_text)
         results = await env.call_batch(calls)      # one ToolResult per call, never an exception
+        async with env.episode(sample) as ep:      # a trajectory's own handle: scope: episode servers,
+            results = await ep.call_batch(calls)   # hidden arguments filled from `sample`
 
 Nothing here imports torch or the trainer. Exports resolve lazily (PEP 562) so that
 `python -m envs.servers.calculator`, which imports this package first, starts without loading
@@ -12,6 +14,8 @@ the client stack.
 from importlib import import_module
 
 _EXPORTS = {
+    "Episode": "envs.episode",
+    "EpisodeError": "envs.episode",
     "ManifestError": "envs.manifest",
     "load_manifest": "envs.manifest",
     "ServerStartError": "envs.mcp_client",

@@ -7,7 +7,8 @@ same files.
 - `pass_at_k`: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) per row, averaged
   over rows, for k = 1, 2, 4, ... up to the samples per row (and n itself).
 - `failure_taxonomy`: every trajectory that did not succeed gets exactly one cause, the first that
-  applies of: truncated (the token budget cut it), malformed call (a call the parser could not read),
+  applies of: episode failed (its episode did not open, or its environment raised: nothing ran),
+  truncated (the token budget cut it), malformed call (a call the parser could not read),
   tool error (a call failed: unknown tool, bad arguments, timeout, server error, crash), no tool call
   (the task has tools and none was called), wrong answer (everything ran; the answer scored low).
 - `bootstrap_diff`: the difference of a per-row mean between two evaluations with a percentile
@@ -21,7 +22,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-FAILURE_KINDS = ("truncated", "malformed call", "tool error", "no tool call", "wrong answer")
+FAILURE_KINDS = ("episode failed", "truncated", "malformed call", "tool error", "no tool call", "wrong answer")
 EXAMPLES_PER_KIND = 5
 
 
@@ -60,6 +61,8 @@ def pass_at_k(records: list[dict], threshold: float) -> dict[str, float]:
 
 
 def failure_kind(record: dict, has_tools: bool) -> str:
+    if record.get("stop_reason") == "episode_error":
+        return "episode failed"
     if record.get("stop_reason") == "max_tokens":
         return "truncated"
     calls, results = record.get("tool_calls") or [], record.get("tool_results") or []
