@@ -1,0 +1,136 @@
+"""`builtin:tiny-guess`: the tiny model warm-started to play the number-guessing game of examples/guess.
+
+The game: the user thinks of a number from `low` to `high`; every assistant turn is one number; the
+user answers "higher" or "lower" until a guess is right or the turns run out. The rules and their
+wording live here (`prompt_text`, `feedback`, `parse_guess`) because the model is trained on them;
+examples/guess/environment.py plays by the same functions.
+
+The warm start teaches the *format* (a turn is one number in range, then end of turn; feedback turns
+follow) and deliberately leaves the *strategy* out: in its games every guess is drawn uniformly from
+the whole range, whatever the feedback said (`feedback_share` of them instead draw from the numbers
+the feedback still allows). Sampling at temperature 1 then guesses about uniformly, greedy decoding
+repeats one guess, and games whose guesses happen to follow the feedback end sooner and score more:
+the signal GRPO needs to learn to narrow the interval.
+
+Architecture, tokenizer (byte-level BPE with single-digit tokens, trained on the rendered games) and
+cache (`RL_FACTORY_CACHE`, keyed by a hash of everything that shapes the model) are tiny-calculator's
+(rl_factory/models/tiny.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from rl_factory.chat import ChatFormat
+from rl_factory.models.tiny import CHAT_TEMPLATE, build_tokenizer, cache_root, cached_build, new_model, save_model
+from rl_factory.models.warmstart import WarmStartConfig, supervised_pass, tokenize_transcript
+
+HIGHER, LOWER = "higher", "lower"
+BUILD_VERSION = 1  # bump when the build procedure changes, so stale caches are rebuilt
+
+
+def prompt_text(low: int, high: int) -> str:
+    """The user's opening message (the dataset's `prompt`)."""
+    return f"I am thinking of a number from {low} to {high}. Guess it."
+
+
+def feedback(guess: int, secret: int) -> str:
+    """The user's answer to a wrong guess."""
+    return HIGHER if secret > guess else LOWER
+
+
+def invalid_text(low: int, high: int) -> str:
+    """The user's answer to a turn that is not one number in range."""
+    return f"Say one number from {low} to {high}."
+
+
+def parse_guess(text: str, low: int, high: int) -> int | None:
+    """The guess a turn makes: its text is one integer in [low, high]; anything else is None."""
+    text = text.strip()
+    if not re.fullmatch(r"\d{1,4}", text):
+        return None
+    guess = int(text)
+    return guess if low <= guess <= high else None
+
+
+@dataclass
+class GuessModelConfig:
+    """Game range, architecture (tiny-calculator's) and warm start of `builtin:tiny-guess`."""
+
+    seed: int = 0
+    low: int = 1
+    high: int = 16
+    # Guesses per warm-start game at most (examples/guess trains with env.max_turns=6)
+    max_turns: int = 6
+    vocab_size: int = 384
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    num_games: int = 4000
+    steps: int = 300
+    lr: float = 3e-3
+    batch_size: int = 32
+    # Share of warm-start games whose guesses respect the feedback (random among the numbers still
+    # possible); 0 = every guess ignores it
+    feedback_share: float = 0.0
+
+
+def play(rng: random.Random, cfg: GuessModelConfig, follow_feedback: bool) -> list[dict]:
+    """One warm-start game: a random secret, random guesses, feedback after each wrong one."""
+    secret = rng.randint(cfg.low, cfg.high)
+    messages = [{"role": "user", "content": prompt_text(cfg.low, cfg.high)}]
+    lo, hi = cfg.low, cfg.high
+    for turn in range(cfg.max_turns):
+        guess = rng.randint(lo, hi) if follow_feedback else rng.randint(cfg.low, cfg.high)
+        messages.append({"role": "assistant", "content": str(guess)})
+        if guess == secret or turn == cfg.max_turns - 1:
+            break
+        messages.append({"role": "user", "content": feedback(guess, secret)})
+        lo, hi = (max(lo, guess + 1), hi) if secret > guess else (lo, min(hi, guess - 1))
+    return messages
+
+
+def games(cfg: GuessModelConfig) -> list[list[dict]]:
+    rng = random.Random(f"guess-{cfg.seed}")
+    return [play(rng, cfg, rng.random() < cfg.feedback_share) for _ in range(cfg.num_games)]
+
+
+def build_key(cfg: GuessModelConfig) -> str:
+    game_text = [prompt_text(cfg.low, cfg.high), HIGHER, LOWER]
+    blob = json.dumps({"cfg": asdict(cfg), "v": BUILD_VERSION, "tpl": CHAT_TEMPLATE, "text": game_text},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_guess_model(cfg: GuessModelConfig | None = None, log=print) -> Path:
+    """The directory of the built model, building and caching it on first use (about 20 s on 2 cores)."""
+    cfg = cfg or GuessModelConfig()
+    out = cache_root() / f"tiny-guess-{build_key(cfg)}"
+    return cached_build(out, lambda tmp: build_guess_model(tmp, cfg, log=log), log, what="builtin:tiny-guess")
+
+
+def build_guess_model(out: Path, cfg: GuessModelConfig, log=print) -> None:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    played = games(cfg)
+    corpus, _ = render_jinja_template(played, chat_template=CHAT_TEMPLATE)
+    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+    model = new_model(cfg, tokenizer)
+    log(f"tiny-guess model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+        f"vocab {len(tokenizer)}")
+    fmt = ChatFormat(tokenizer)
+    ws = WarmStartConfig(batch_size=cfg.batch_size, seed=cfg.seed)
+    supervised_pass(model, [tokenize_transcript(fmt, g) for g in played], cfg.steps, cfg.lr, ws,
+                    tokenizer.pad_token_id, log=log, name="warm start (format, no strategy)")
+    save_model(out, model, tokenizer, {"config": asdict(cfg)})
