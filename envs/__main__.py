@@ -3,6 +3,8 @@
     python -m envs list MANIFEST [--json]          each tool: server, name, description, schema
                                                    (functions show as [functions])
     python -m envs call MANIFEST TOOL '{"a": 1}'   the result text
+    ... --sample '{"db_path": "x.db"}'             a dataset row: `scope: episode` servers are started for it,
+                                                   hidden arguments filled from it (call runs in its episode)
 
 Exit codes: 0 ok; 1 the tool returned an error (its text is still printed); 2 a bad manifest, a
 server that does not start, or bad CLI input, reported as one line on stderr without traceback.
@@ -14,6 +16,7 @@ import asyncio
 import json
 import sys
 
+from envs.episode import EpisodeError
 from envs.manifest import ManifestError
 from envs.mcp_client import ToolEnvError
 from envs.tool_env import ToolEnv
@@ -24,8 +27,20 @@ class CLIError(Exception):
     """Bad input on the command line; printed as one line."""
 
 
+def _sample(args: argparse.Namespace) -> dict | None:
+    if args.sample is None:
+        return None
+    try:
+        sample = json.loads(args.sample)
+    except json.JSONDecodeError as err:
+        raise CLIError(f"--sample is not valid JSON: {err}") from None
+    if not isinstance(sample, dict):
+        raise CLIError("--sample must be a JSON object (a dataset row)")
+    return sample
+
+
 async def list_tools(args: argparse.Namespace) -> int:
-    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir) as env:
+    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir, probe_sample=_sample(args)) as env:
         tools = await env.list_tools()
         if args.json:
             print(json.dumps(tools, indent=2, ensure_ascii=False))
@@ -46,8 +61,16 @@ async def call_tool(args: argparse.Namespace) -> int:
         raise CLIError(f"arguments are not valid JSON: {err}") from None
     if not isinstance(arguments, dict):
         raise CLIError("arguments must be a JSON object, e.g. '{\"expression\": \"2+3\"}'")
-    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir) as env:
-        result = await env.call(ToolCall(name=args.tool, arguments=arguments))
+    sample = _sample(args)
+    async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir, probe_sample=sample) as env:
+        if sample is None:
+            result = await env.call(ToolCall(name=args.tool, arguments=arguments))
+        else:
+            try:
+                async with env.episode(sample) as episode:
+                    result = await episode.call(ToolCall(name=args.tool, arguments=arguments))
+            except EpisodeError as err:
+                raise CLIError(f"the sample's episode did not open: {err}") from None
     print(result.text)
     return 0 if result.ok else 1
 
@@ -68,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             cmd.add_argument("--json", action="store_true", help="print the OpenAI-shape schemas")
         cmd.add_argument("--log-dir", default=None, help="write stdio servers' stderr here")
+        cmd.add_argument("--sample", default=None, help="a dataset row as JSON, for scope: episode servers "
+                                                        "and hidden arguments that name ${sample.*}")
     return parser
 
 

@@ -9,8 +9,11 @@ A manifest (YAML or JSON) maps server names to how to reach them:
 
 Beyond the desktop shape we add, per server: `timeout_s` (per call), `startup_timeout_s` (spawn or
 connect, handshake and tool list, each start and restart), `max_concurrency` (in-flight
-calls), `tools: {include, exclude}`, `restart` (what happens when it crashes), `cache` (a TTL
-result cache for deterministic tools) and `prefix` (expose tools as `<server>__<tool>`). Next to
+calls; for `scope: episode`, also live episodes), `tools: {include, exclude}`, `restart` (what happens
+when it crashes), `cache` (a TTL result cache for deterministic tools), `prefix` (expose tools as
+`<server>__<tool>`) and the episode knobs `scope` (`shared`, or `episode`: one server per trajectory),
+`pool` and `hidden_arguments`, whose values may name the trajectory's sample as `${sample.<column>}`
+(envs.templates, envs.episode). Next to
 `mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions).
 `transport` (or VS Code's `type`) picks SSE over the default streamable HTTP for a `url` server;
 `disabled: true` skips a server, as in Cline.
@@ -42,7 +45,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
@@ -50,6 +53,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
 from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
+from envs.templates import check_server
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +105,13 @@ class ServerSpec(BaseModel):
     cache: CacheSpec | None = None
     prefix: bool | str = False
     disabled: bool = False
+    # Episodes (envs.templates, envs.episode): one server for the run, or one per trajectory's episode
+    scope: Literal["shared", "episode"] = "shared"
+    # started per-episode processes kept ready (scope: episode, launch line without ${sample.*})
+    pool: int = Field(default=0, ge=0)
+    # tool -> argument -> value (may name ${sample.<column>}): removed from the schema the model sees,
+    # filled into every call made through an episode
+    hidden_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
     _secrets: tuple[str, ...] = PrivateAttr(default=())
 
     def redact(self, text: str) -> str:
@@ -177,6 +188,7 @@ class ServerSpec(BaseModel):
             if key in self.model_fields_set:
                 raise ValueError(f"'{key}' only applies to {'stdio' if self.url else 'HTTP/SSE'} servers")
         self.transport = kind
+        check_server("", self)  # scope, pool, ${sample.*} / ${episode.*} references, hidden_arguments
         return self
 
 

@@ -22,30 +22,35 @@ the same interface (`start`, `stop`, `tools`, `call_tool`), so routing, validati
 errors and metrics are one code path. Servers start lazily: entering `async with` starts
 nothing; the first `list_tools()` or call starts them all, once, however many tasks ask at the
 same moment. A server with `prefix` shows its tools as `<prefix>__<tool>`; calls are routed back
-to the server's own name.
+to the server's own name (envs.routes, which also strips `hidden_arguments` from the schemas).
+
+Episodes (envs.episode): `env.open_episode(sample)` gives one trajectory its own handle, with its own
+instance of every `scope: episode` server, the hidden arguments filled from its sample, and the
+environment hook (`environment`, envs.environment) if the run has one. The rollout and the reward's
+`tools` call through that handle; calls made on the env itself reach only shared servers.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
-import jsonschema
-from jsonschema.exceptions import best_match
 from mcp.types import CallToolResult, Tool
 
 from envs.cache import ResultCache
+from envs.episode import Episode, EpisodeStats, open_episode
+from envs.episode_servers import EpisodeServer
 from envs.functions import load_function_tools
 from envs.limits import ToolLimits, clip_bytes
 from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
 from envs.parsers.safe_json import repair_text
+from envs.routes import (Route, argument_problem, build_routes, failure, render_result)  # noqa: F401 (re-export)
 from rl_factory.types import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -54,15 +59,6 @@ logger = logging.getLogger(__name__)
 LOCAL_ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "too_many_calls")
 INVALID_TOOL_KEY = "_invalid"  # metrics bucket for names no server serves (keeps key count bounded)
 MAX_LISTED_TOOLS = 30
-
-# How each MCP content block is shown to the model; non-text blocks become short placeholders.
-CONTENT_RENDERERS: dict[str, Callable[[Any], str]] = {
-    "text": lambda c: c.text,
-    "image": lambda c: f"[image: {c.mime_type}]",
-    "audio": lambda c: f"[audio: {c.mime_type}]",
-    "resource_link": lambda c: f"[resource: {c.uri}]",
-    "resource": lambda c: f"[resource: {c.resource.uri}]",
-}
 
 
 class ToolSource(Protocol):
@@ -78,25 +74,21 @@ class ToolSource(Protocol):
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult: ...
 
 
-@dataclass
-class Route:
-    """Where a model-visible tool name goes: its source, the source's own name, its checks."""
-
-    source: ToolSource
-    tool: Tool
-    validator: Any
-    cache: ResultCache | None
-
-
 class ToolEnv:
     """The tools of one manifest; use as `async with ToolEnv.from_manifest(p) as env`.
 
     Entering starts no server; `await env.list_tools()` (or the first call) does.
     """
 
-    def __init__(self, sources: Sequence[ToolSource] = (), limits: ToolLimits | None = None):
+    def __init__(self, sources: Sequence[ToolSource] = (), limits: ToolLimits | None = None,
+                 environment: Any = None, probe_sample: dict | None = None):
         self.limits = limits or ToolLimits()
         self._sources = list(sources)
+        self._episode_servers = [s for s in self._sources if isinstance(s, EpisodeServer)]
+        self.environment = environment  # env.environment's factory (envs.environment), or None
+        self.probe_sample = probe_sample  # lists the tools of servers whose launch line names the sample
+        self._episodes: set[Episode] = set()  # open episodes, closed when the env stops
+        self.episode_stats = EpisodeStats()
         self._routes: dict[str, Route] = {}
         self._schemas: list[dict[str, Any]] = []
         self._started = False
@@ -107,7 +99,8 @@ class ToolEnv:
 
     @classmethod
     def from_manifest(cls, manifest: str | os.PathLike | Mapping | None,
-                      log_dir: str | os.PathLike | None = None, limits: ToolLimits | None = None) -> ToolEnv:
+                      log_dir: str | os.PathLike | None = None, limits: ToolLimits | None = None,
+                      environment: Any = None, probe_sample: dict | None = None) -> ToolEnv:
         """Build (not start) an env from a manifest path, a loaded mapping, or None for no tools.
 
         Args:
@@ -115,6 +108,9 @@ class ToolEnv:
             log_dir: where stdio servers' stderr goes (`<log_dir>/<server>.log`); None keeps it
                 in anonymous temporary files.
             limits: calls per turn and output bytes (default `ToolLimits()`).
+            environment: the `env.environment` factory (envs.environment.load_environment), or None.
+            probe_sample: a dataset row, for listing the tools of `scope: episode` servers whose
+                launch line names `${sample.*}` (started once for it when the env starts).
 
         Raises:
             ManifestError: the manifest is missing or invalid, or a listed function cannot be
@@ -122,9 +118,10 @@ class ToolEnv:
         """
         spec = load_manifest(manifest)
         limits = limits or ToolLimits()
-        servers = [MCPServerConnection(name, s, log_dir, max_message_bytes=limits.wire_bytes)
+        kinds = {"shared": MCPServerConnection, "episode": EpisodeServer}
+        servers = [kinds[s.scope](name, s, log_dir, max_message_bytes=limits.wire_bytes)
                    for name, s in spec.servers.items()]
-        return cls([*servers, *load_function_tools(spec)], limits)
+        return cls([*servers, *load_function_tools(spec)], limits, environment, probe_sample)
 
     @classmethod
     def empty(cls, limits: ToolLimits | None = None) -> ToolEnv:
@@ -146,8 +143,10 @@ class ToolEnv:
         await self._ensure_started()
 
     async def stop(self) -> None:
-        """Stop every server concurrently (stdio children exit); safe to call twice."""
+        """Close the episodes still open, then stop every server concurrently (stdio children exit);
+        safe to call twice."""
         self._open = False
+        await asyncio.gather(*(e.close() for e in list(self._episodes)), return_exceptions=True)
         await self._stop_sources()
 
     async def _stop_sources(self) -> None:
@@ -174,6 +173,8 @@ class ToolEnv:
 
     async def _start_all(self) -> None:
         """Start every source concurrently; on any failure stop them all and raise ToolEnvError."""
+        for server in self._episode_servers:
+            server.probe_sample = self.probe_sample
         try:
             results = await asyncio.gather(*(s.start() for s in self._sources), return_exceptions=True)
         except asyncio.CancelledError:
@@ -191,24 +192,7 @@ class ToolEnv:
 
     def _index(self) -> list[str]:
         """Route tool names to sources and compile their validators; returns setup errors."""
-        self._routes, self._schemas, errors = {}, [], []
-        for source in self._sources:
-            cache = ResultCache(source.spec.cache) if source.spec.cache is not None else None
-            prefix = source.spec.tool_prefix(source.name)
-            names = {t.name for t in source.tools}
-            unknown = [n for n in (cache.spec.tools or []) if n not in names] if cache is not None else []
-            if unknown:
-                errors.append(f"{source.label}: cache.tools names {unknown}, which it does not serve")
-            for tool in source.tools:
-                name = prefix + tool.name
-                if name in self._routes:
-                    errors.append(f"tool '{name}' is served by both {self._routes[name].source.label} and "
-                                  f"{source.label}; hide it on one with tools.exclude, or set prefix: true")
-                    continue
-                use_cache = cache if cache is not None and cache.applies_to(tool.name) else None
-                self._routes[name] = Route(source, tool, _compile_validator(source.name, tool), use_cache)
-                self._schemas.append({"type": "function", "function": {
-                    "name": name, "description": tool.description or "", "parameters": tool.input_schema}})
+        self._routes, self._schemas, errors = build_routes(self._sources)
         return errors
 
     # ---- what the rollout uses -----------------------------------------------------------------
@@ -231,16 +215,40 @@ class ToolEnv:
         route = self._routes.get(tool_name)
         return route.source.name if route else None
 
+    @property
+    def episodic(self) -> bool:
+        """Whether an episode holds state of its own (a `scope: episode` server or an environment), so
+        that a reward must score a trajectory before its episode closes."""
+        return bool(self._episode_servers) or self.environment is not None
+
+    async def open_episode(self, sample: dict) -> Episode:
+        """One trajectory's own handle on the tools (envs.episode); raises EpisodeError for this sample."""
+        return await open_episode(self, sample)
+
+    @asynccontextmanager
+    async def episode(self, sample: dict):
+        """`async with env.episode(sample) as ep`: opened, and closed however the block ends."""
+        episode = await open_episode(self, sample)
+        try:
+            yield episode
+        finally:
+            await episode.close()
+
     async def call_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Run one turn's calls concurrently (each server bounds its own in-flight calls); results in
-        order. Calls past `limits.max_calls_per_turn` are not run: each gets a "too_many_calls" error."""
+        order. Calls past `limits.max_calls_per_turn` are not run: each gets a "too_many_calls" error.
+        Only shared servers answer here; an episode's own servers answer `episode.call_batch`."""
+        return await self._call_batch(calls, None, None)
+
+    async def _call_batch(self, calls: Sequence[ToolCall], routes: dict | None, fills: dict | None
+                          ) -> list[ToolResult]:
         if len(calls) == 1:  # the common turn: no task for gather to make and schedule (~20 us)
-            return [await self.call(calls[0])]
+            return [await self._call_routed(calls[0], routes, fills)]
         cap = self.limits.max_calls_per_turn
-        results = list(await asyncio.gather(*(self.call(c) for c in calls[:cap])))
+        results = list(await asyncio.gather(*(self._call_routed(c, routes, fills) for c in calls[:cap])))
         for call in calls[cap:]:
-            result = _failure(call, "too_many_calls", f"not run: {len(calls)} tool calls in one turn, at most "
-                                                      f"{cap} run per turn (env.max_calls_per_turn)")
+            result = failure(call, "too_many_calls", f"not run: {len(calls)} tool calls in one turn, at most "
+                                                     f"{cap} run per turn (env.max_calls_per_turn)")
             self._record(result)
             results.append(result)
         return results
@@ -254,23 +262,33 @@ class ToolEnv:
             ToolEnvError: this is the first call and a server cannot start (a setup error,
                 not the model's).
         """
+        return await self._call_routed(call, None, None, record)
+
+    async def _call_routed(self, call: ToolCall, routes: dict | None, fills: dict | None,
+                           record: bool = True) -> ToolResult:
         if not self._started:  # checked inline: this is the hot path of every call
             await self._ensure_started()
-        result = await self._call(call)
+        result = await self._call(call, self._routes if routes is None else routes, fills)
         if record:
             self._record(result)
         return result
 
-    async def _call(self, call: ToolCall) -> ToolResult:
+    async def _call(self, call: ToolCall, routes: dict[str, Route], fills: dict | None) -> ToolResult:
         if call.error is not None:
-            return _failure(call, "parse", f"could not parse the tool call: {call.error}")
-        route = self._routes.get(call.name)
+            return failure(call, "parse", f"could not parse the tool call: {call.error}")
+        route = routes.get(call.name)
         if route is None:
-            return _failure(call, "unknown_tool", self._unknown_tool_message(call.name))
+            return failure(call, "unknown_tool", self._unknown_tool_message(call.name))
         arguments = call.arguments if call.arguments is not None else {}
-        problem = _argument_problem(call.name, route.validator, arguments)
+        if route.hidden and isinstance(arguments, dict):
+            hidden = fills.get(call.name) if fills is not None else route.fixed
+            if hidden is None:
+                return failure(call, "server_error", f"tool '{call.name}' fills arguments from the sample "
+                                                     "(hidden_arguments): call it through an episode")
+            arguments = {**arguments, **hidden}  # the sample's values win over anything the model wrote
+        problem = argument_problem(call.name, route.validator, arguments)
         if problem:
-            return _failure(call, "bad_arguments", problem, server=route.source.name)
+            return failure(call, "bad_arguments", problem, server=route.source.name)
         if route.cache is None:
             return await self._dispatch(call, route, arguments)
         key = ResultCache.key(route.tool.name, arguments)
@@ -285,18 +303,18 @@ class ToolEnv:
         try:
             result = await source.call_tool(route.tool.name, arguments)
         except ToolCallError as err:
-            return _failure(call, err.kind, str(err), source.name, time.perf_counter() - start)
+            return failure(call, err.kind, str(err), source.name, time.perf_counter() - start)
         latency = time.perf_counter() - start
         try:
             text = render_result(result)
         except (ValueError, RecursionError) as err:  # e.g. structured content nested past json's limit
-            return _failure(call, "server_error", f"tool '{call.name}' returned a result that cannot be "
-                                                  f"shown: {type(err).__name__}", source.name, latency)
+            return failure(call, "server_error", f"tool '{call.name}' returned a result that cannot be "
+                                                 f"shown: {type(err).__name__}", source.name, latency)
         # A server may echo its credentials (in an error or a result): they never reach the model.
         text = clip_bytes(source.spec.redact(repair_text(text)), self.limits.max_output_bytes)
         if result.is_error:
-            return _failure(call, "server_error", text or f"tool '{call.name}' reported an error",
-                            source.name, latency)
+            return failure(call, "server_error", text or f"tool '{call.name}' reported an error",
+                           source.name, latency)
         return ToolResult(call=call, text=text, server=source.name, latency_s=latency)
 
     def _unknown_tool_message(self, name: str) -> str:
@@ -312,6 +330,9 @@ class ToolEnv:
         """Zero the cumulative counters (e.g. at each logging step)."""
         self._counts: Counter[str] = Counter()
         self._latency_sum, self._latency_n, self._latency_max = 0.0, 0, 0.0
+        self.episode_stats.reset()
+        for server in self._episode_servers:
+            server.pool_hits = 0
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since the last reset.
@@ -319,7 +340,9 @@ class ToolEnv:
         Keys: `tool/calls`, `tool/success_rate`, `tool/errors/<kind>`, `tool/<name>/calls`,
         `tool/<name>/errors/<kind>` (names no server serves are pooled as `_invalid`),
         `tool/cache_hits` and `tool/<name>/cache_hits` (when a cache answered),
-        `tool/latency_s/mean` and `/max` over calls that reached a server.
+        `tool/latency_s/mean` and `/max` over calls that reached a server; for a run whose episodes
+        hold state (`episodic`), `episode/opened`, `episode/failed`, `episode/open_s/mean` and `/max`,
+        `episode/close_s/mean` and `episode/pool_hits` (episodes that took a warm-pool instance).
         """
         out = {k: float(v) for k, v in self._counts.items() if k != "tool/successes"}
         out["tool/calls"] = float(self._counts["tool/calls"])
@@ -328,6 +351,8 @@ class ToolEnv:
         if self._latency_n:
             out["tool/latency_s/mean"] = self._latency_sum / self._latency_n
             out["tool/latency_s/max"] = self._latency_max
+        if self.episodic:
+            out.update(self.episode_stats.metrics(sum(s.pool_hits for s in self._episode_servers)))
         return out
 
     def _record(self, result: ToolResult) -> None:
@@ -346,44 +371,3 @@ class ToolEnv:
             self._latency_sum += result.latency_s
             self._latency_n += 1
             self._latency_max = max(self._latency_max, result.latency_s)
-
-
-def render_result(result: CallToolResult) -> str:
-    """The model-visible text of a tool result: text blocks joined, structured content as JSON
-    when there is no text, other blocks as `[image: image/png]`-style placeholders."""
-    parts = [CONTENT_RENDERERS.get(c.type, lambda c: f"[{c.type}]")(c) for c in result.content]
-    has_text = any(c.type == "text" for c in result.content)
-    if not has_text and result.structured_content is not None:
-        parts.insert(0, json.dumps(result.structured_content, ensure_ascii=False))
-    return "\n".join(p for p in parts if p)
-
-
-def _failure(call: ToolCall, kind: str, message: str, server: str | None = None,
-             latency_s: float = 0.0) -> ToolResult:
-    # Servers often say "Error executing tool ..." already; don't stutter "Error: Error ...".
-    text = message if message.lower().startswith("error") else f"Error: {message}"
-    return ToolResult(call=call, text=text, error_kind=kind, server=server, latency_s=latency_s)
-
-
-def _argument_problem(name: str, validator: Any, arguments: Any) -> str | None:
-    if not isinstance(arguments, dict):
-        return f"arguments for '{name}' must be a JSON object, got {type(arguments).__name__}"
-    error = best_match(validator.iter_errors(arguments)) if validator else None
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"invalid arguments for '{name}'" + (f" at '{where}'" if where else "") + f": {error.message}"
-
-
-def _compile_validator(server: str, tool: Tool) -> Any:
-    """A jsonschema validator for the tool's input schema, or None (with a warning) if the
-    schema itself is invalid: the server is then the only judge of the arguments."""
-    schema = tool.input_schema or {"type": "object"}
-    cls = jsonschema.validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as err:
-        logger.warning("server %r: tool %r has an invalid input schema (%s); not validating its "
-                       "arguments", server, tool.name, err.message)
-        return None
-    return cls(schema)

@@ -11,8 +11,9 @@ only the arguments the function names (everything if it takes `**kwargs`), chose
 standard argument share a name (`prompt`, `messages`, `answer`), the standard argument wins.
 Arguments fixed in the config (`RewardFn(fn, bound={...})`) win over both.
 
-`tools` is a `RewardTools` handle on the run's live tool env, so a reward can verify by tool
-(`await tools.call("sql", {"query": ...})` runs the SQL the agent wrote).
+`tools` is a `RewardTools` handle on the trajectory's own episode (envs.episode), still open when the
+reward runs, so a reward can verify by tool (`await tools.call("query", {"sql": ...})` reads the rows
+the agent changed in its own database). `state` is what the environment (`env.environment`) kept.
 
 A reward returns a float, a dict with a "score" key (the other keys become per-trajectory
 metrics in `reward_info`), or None, which scores 0 and is counted (TRL's "n/a" reward), so a
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 REWARD_ARGS = (
     "completion", "answer", "prompt", "messages", "turns", "tool_calls", "tool_results",
-    "sample", "num_turns", "stop_reason", "data_source", "extra_info", "tools",
+    "sample", "num_turns", "stop_reason", "data_source", "extra_info", "tools", "state",
 )
 
 
@@ -66,9 +67,12 @@ class RewardTools:
             None when the caller has none, and then every call raises `RewardError`.
     """
 
-    def __init__(self, env: Any = None):
+    def __init__(self, env: Any = None, counter: RewardTools | None = None):
+        if isinstance(env, RewardTools):
+            env = env.env
         self.env = env
         self.num_calls = 0
+        self._counter = counter  # the scorer's own handle, which counts every reward call for its metrics
 
     @property
     def names(self) -> list[str]:
@@ -87,6 +91,8 @@ class RewardTools:
         arguments = dict(arguments or {})
         call = ToolCall(name=name, arguments=arguments, raw=json.dumps(arguments, default=str))
         self.num_calls += 1
+        if self._counter is not None:
+            self._counter.num_calls += 1
         return await self.env.call(call, record=False)  # tool/* metrics stay the agent's
 
 
@@ -259,6 +265,7 @@ def reward_kwargs(traj: Trajectory, tools: Any = None) -> dict[str, Any]:
         data_source=sample.get("data_source"),
         extra_info=sample.get("extra_info"),
         tools=tools if isinstance(tools, RewardTools) else RewardTools(tools),
+        state=traj.state,
     )
     return available
 

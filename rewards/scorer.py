@@ -31,6 +31,7 @@ from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
 from rewards.process import ProcessReward, turn_kwargs
 from rl_factory.guard import passes_through
+from rl_factory.types import EPISODE_FAILED
 
 if TYPE_CHECKING:
     from rl_factory.types import Trajectory
@@ -118,7 +119,10 @@ class Scorer:
     async def score(self, traj: Trajectory, tools: Any = None) -> float:
         """Score one trajectory: sets `traj.reward`, `traj.reward_info` and (with process rewards)
         `traj.process_rewards`; returns the reward."""
-        tools = self.tools if tools is None else tools
+        if traj.stop_reason == EPISODE_FAILED:  # nothing ran: there is nothing to score (it trains nothing)
+            traj.reward = None
+            return 0.0
+        tools = self.tools if tools is None else RewardTools(tools, counter=self.tools)
         available = reward_kwargs(traj, tools)
         parts = await asyncio.gather(*(self._component(c, available, traj) for c in self.components))
         total, info = 0.0, {}
@@ -172,17 +176,23 @@ class Scorer:
 
     # ---- a step's batch -------------------------------------------------------------------------
 
-    def submit(self, traj: Trajectory) -> None:
-        """Start scoring `traj` (from inside the event loop); a second submit is a no-op."""
-        if id(traj) not in self._tasks:
-            self._tasks[id(traj)] = asyncio.ensure_future(self._score_bounded(traj))
+    def submit(self, traj: Trajectory, tools: Any = None) -> asyncio.Future:
+        """Start scoring `traj` (from inside the event loop) and return its task, which never needs to be
+        awaited for errors (`wait` reports them); a second submit returns the first one's task.
 
-    async def _score_bounded(self, traj: Trajectory) -> None:
+        `tools`: what the reward's `tools` argument calls for this trajectory (its episode; None: the
+        scorer's own, `use_tools`). The rollout awaits the task before it closes the episode.
+        """
+        if id(traj) not in self._tasks:
+            self._tasks[id(traj)] = asyncio.ensure_future(self._score_bounded(traj, tools))
+        return self._tasks[id(traj)]
+
+    async def _score_bounded(self, traj: Trajectory, tools: Any = None) -> None:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:  # one scorer may serve several asyncio.run
             self._slots = (loop, asyncio.Semaphore(self.max_concurrency))
         async with self._slots[1]:
-            await self.score(traj)
+            await self.score(traj, tools)
 
     async def wait(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Score every trajectory of `trajs` (submitted or not) and return the batch's metrics.

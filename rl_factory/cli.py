@@ -5,12 +5,17 @@ compose the Hydra config and run; `--doctor` checks the setup instead (rl_factor
 Mistakes a user can make (a misspelled key, a missing file, a bad manifest, a reward that raises)
 end with exit code 2 and one line naming the problem; a traceback is printed only for what looks
 like a bug (set RL_FACTORY_DEBUG=1 to always see it).
+
+SIGTERM (a job scheduler, `kill`, a container stop) ends a run the way Ctrl-C does: the rollouts are
+cancelled, every episode closes (its servers stop, its directory is removed), the shared servers stop,
+and the exit code is 143.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import signal
 import sys
 
 USER_ERRORS: tuple[type[BaseException], ...] = ()
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_factory.run import setup_logging
 
     _redact_tracebacks()
+    terminated = _sigterm_as_ctrl_c()
     setup_logging()
     _quiet_transformers()
     if "--doctor" in overrides:
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = run_eval(cfg)
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume from the last checkpoint", file=sys.stderr)
-        return 130
+        return 143 if terminated else 130
     except _user_errors() as exc:
         if os.environ.get("RL_FACTORY_DEBUG"):
             raise
@@ -142,6 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger("rl_factory").debug(json.dumps(summary, default=str))
     return 0
+
+
+def _sigterm_as_ctrl_c() -> list[int]:
+    """Turn SIGTERM into SIGINT, whose handler (asyncio.run's) cancels the run so that its cleanup runs;
+    Python's default for SIGTERM kills the process on the spot, orphaning per-episode servers. Returns a
+    list that holds the signal once one arrived."""
+    seen: list[int] = []
+
+    def forward(signum, frame) -> None:
+        seen.append(signum)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, forward)
+    return seen
 
 
 def _redact_tracebacks() -> None:

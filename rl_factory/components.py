@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envs import ToolEnv, get_parser
+from envs.environment import load_environment
 from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
 from rl_factory.data import load_dataset
@@ -43,6 +44,9 @@ class EnvConfig:
     parser: str = "hermes"
     max_calls_per_turn: int = 16  # calls past it fail locally ("too_many_calls")
     max_tool_output_bytes: int = 64 * 1024  # a result's text is cut to this before it is kept or tokenized
+    # An environment that speaks (envs.environment): "file.py:Class" or "pkg.module:Class", one per episode
+    environment: str | None = None
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)  # its constructor's arguments
 
 
 @dataclass
@@ -54,24 +58,32 @@ class SamplingConfig(RolloutConfig, PipelineConfig):
     max_batch_size: int = 128
 
 
-def open_env(cfg: EnvConfig, log_dir: Path | None = None):
+def open_env(cfg: EnvConfig, log_dir: Path | None = None, probe_sample: dict | None = None):
     """The tool env of the manifest (an async context manager), or an empty one without tools.
 
-    `env.tools` is a manifest path, or the manifest itself inline (a mapping with `mcpServers`).
+    `env.tools` is a manifest path, or the manifest itself inline (a mapping with `mcpServers`);
+    `env.environment` is loaded (and its hooks checked) here. `probe_sample` (a dataset row) lists the
+    tools of `scope: episode` servers whose launch line names the sample.
     """
+    from rl_factory.config import ConfigError
+
     try:
         limits = ToolLimits(cfg.max_calls_per_turn, cfg.max_tool_output_bytes)
+        environment = load_environment(cfg.environment, cfg.environment_kwargs)
     except ValueError as exc:
-        from rl_factory.config import ConfigError
         raise ConfigError(str(exc)) from None
     if not cfg.tools:
-        return ToolEnv.empty(limits)
+        env = ToolEnv.empty(limits)
+        env.environment = environment
+        return env
     if isinstance(cfg.tools, Mapping):
-        return ToolEnv.from_manifest(dict(cfg.tools), log_dir=log_dir, limits=limits)
+        return ToolEnv.from_manifest(dict(cfg.tools), log_dir=log_dir, limits=limits, environment=environment,
+                                     probe_sample=probe_sample)
     if not Path(cfg.tools).exists():
         from envs.manifest import ManifestError
         raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools}")
-    return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir, limits=limits)
+    return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir, limits=limits, environment=environment,
+                                 probe_sample=probe_sample)
 
 
 def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, engine=None) -> Agent:

@@ -45,10 +45,22 @@ def load_config(name: str, overrides: list[str], config_dir: str | Path | None =
 
 def _keep_manifest_env_refs(cfg: DictConfig) -> None:
     """An inline manifest keeps `${oc.env:VAR}` as text: the manifest loader resolves it where the tools
-    open (and masks it), so no printed or written copy of the config holds the value."""
+    open (and masks it), so no printed or written copy of the config holds the value; `${sample.*}` too."""
     tools = OmegaConf.select(cfg, "env.tools")
     if isinstance(tools, DictConfig):
-        cfg.env.tools = secrets.keep_env_refs(OmegaConf.to_container(tools, resolve=False))
+        cfg.env.tools = keep_episode_refs(secrets.keep_env_refs(OmegaConf.to_container(tools, resolve=False)))
+
+
+def keep_episode_refs(raw: Any) -> Any:
+    """`${sample.col}` / `${episode.dir}` in an inline manifest escaped, so OmegaConf keeps them as text: they
+    are filled per episode (envs.templates), not when the config resolves."""
+    if isinstance(raw, dict):
+        return {k: keep_episode_refs(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [keep_episode_refs(v) for v in raw]
+    if isinstance(raw, str):
+        return re.sub(r"(?<!\\)\$\{(sample|episode)\.", r"\\${\1.", raw)
+    return raw
 
 
 def _explain(message: str, config_dir: Path, name: str) -> str:
@@ -101,8 +113,16 @@ def redacted(cfg: DictConfig | dict, resolve: bool = True) -> dict:
     from `${oc.env:VAR}` shown as that reference, wherever it appears."""
     data = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
     if isinstance(cfg, DictConfig) and not resolve:  # show escaped references as they resolve: ${oc.env:VAR}
-        data = secrets.unescape_env_refs(data)
+        data = _unescape_episode_refs(secrets.unescape_env_refs(data))
     return secrets.redact_config(data)
+
+
+def _unescape_episode_refs(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _unescape_episode_refs(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_unescape_episode_refs(v) for v in data]
+    return re.sub(r"\\\$\{(sample|episode)\.", r"${\1.", data) if isinstance(data, str) else data
 
 
 def printable(cfg: DictConfig, resolve: bool = False) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 from envs.secrets import redact_known
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
-from rl_factory.types import Trajectory
-from rewards.scorer import score_trajectories
+from rl_factory.types import EPISODE_FAILED, Trajectory
+from rewards.scorer import Scorer
 
 
 def summarize(trajs: list[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
@@ -53,9 +53,13 @@ async def evaluate(agent: Agent, reward_fn, rows: list[dict], params: SamplingPa
                    success_threshold: float = 1.0, n: int = 1,
                    on_done=None) -> tuple[dict[str, float], list[Trajectory]]:
     """Roll out every row `n` times with `params`, score, and summarize (`on_done(traj)`: progress)."""
-    groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params, on_done=on_done)
+    scorer = Scorer.wrap(reward_fn)  # scores each trajectory in its episode: rewards may verify by tool
+    groups = await agent.rollout_groups(rows, list(range(len(rows))), n, params, on_done=on_done, scorer=scorer)
     trajs = [t for g in groups for t in g.trajectories]
-    reward_stats = await score_trajectories(reward_fn, trajs, tools=agent.env)  # rewards may verify by tool
+    reward_stats = await scorer.wait(trajs)
+    failed = sum(t.dropped_by == EPISODE_FAILED for t in trajs)
+    if failed:
+        reward_stats["episode/dropped"] = float(failed)
     return {**summarize(trajs, success_threshold), **reward_stats}, trajs
 
 
@@ -70,7 +74,7 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "reward": traj.reward,
         "reward_info": traj.reward_info,
         "advantage": traj.advantage,  # gae: the mean of its token advantages
-        "dropped_by": traj.dropped_by,  # the rollout filter that kept it from training, if any
+        "dropped_by": traj.dropped_by,  # the rollout filter that kept it from training, or episode_error
         "process_rewards": traj.process_rewards,
         "stop_reason": traj.stop_reason,
         "num_turns": len(traj.turns),
@@ -78,6 +82,8 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "tool_calls": [{"name": c.name, "arguments": c.arguments, "error": c.error} for c in traj.tool_calls],
         "tool_results": [{"name": r.call.name, "text": r.text, "error_kind": r.error_kind,
                           "latency_s": round(r.latency_s, 4)} for r in traj.tool_results],
+        **({"state": traj.state} if traj.state else {}),  # what the environment kept (env.environment)
+        **({"episode_error": traj.reward_info["episode_error"]} if traj.dropped_by == EPISODE_FAILED else {}),
         "prompt_tokens": len(traj.prompt_ids),
         "generated_tokens": traj.num_generated_tokens,
         "total_tokens": len(traj.token_ids),

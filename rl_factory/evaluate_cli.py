@@ -83,7 +83,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     other = _load_compare(e.compare)  # a bad eval.compare fails before any rollout
     out = _output_dir(e, model_cfg.path)
-    async with open_env(env_cfg, log_dir=out / "tool_logs") as env:
+    async with open_env(env_cfg, log_dir=out / "tool_logs", probe_sample=rows[0] if rows else None) as env:
         if e.engine not in EVAL_ENGINES:
             raise ConfigError(f"eval.engine: unknown engine {e.engine!r} (valid: {', '.join(EVAL_ENGINES)})")
         tools = await env.list_tools()

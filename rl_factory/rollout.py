@@ -8,10 +8,21 @@ observation ids come from `ChatFormat.observation_ids`, a delta of the chat temp
 Every trajectory is its own task. Nothing waits for the rest of the batch between turns: a
 trajectory whose tool call returns early is generating its next turn while others still wait on
 tools, and the engine batches whatever generation requests are pending at that moment.
+
+Each trajectory runs in its own episode (envs.episode): its tools are called through the episode's
+handle, never the run-wide env, and `rollout_groups` scores it with that same handle (the reward's
+`tools`) before closing the episode. With an environment (`env.environment`), `reset(sample)`'s messages
+join the prompt, and after every assistant turn (its tool results appended) `step(trajectory)` may
+answer, as the user, in the same observation delta as the tool results (mask 0), or end the episode
+(stop_reason "env_done"); a turn without tool calls then ends the trajectory only if the environment
+says nothing. A sample whose episode cannot open, or whose environment raises, becomes a trajectory
+with stop_reason and dropped_by EPISODE_FAILED (no tokens, not scored, not trained), one warning
+naming the sample, and the other trajectories go on.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,9 +31,13 @@ from typing import Any
 from rl_factory.chat import ChatFormat
 from rl_factory.context import get_context_policy
 from rl_factory.engines.base import Engine, SamplingParams, derive_seed
-from rl_factory.types import Group, ToolResult, Trajectory, Turn
+from envs.environment import check_messages
+from envs.episode import EpisodeError
+from rl_factory.types import EPISODE_FAILED, Group, ToolResult, Trajectory, Turn
 
+log = logging.getLogger("rl_factory")
 TRUNCATION_MARKER = " ...[truncated]"
+OBSERVATION_ROLES = ("user", "tool")  # what an environment's step may say (assistant tokens are the policy's)
 
 
 @dataclass
@@ -52,6 +67,7 @@ class Agent:
     def __init__(self, engine: Engine, env: Any, fmt: ChatFormat, parser: Any, cfg: RolloutConfig):
         self.engine, self.env, self.fmt, self.parser, self.cfg = engine, env, fmt, parser, cfg
         self._spans: dict[str, list[tuple[float, float]]] = {"generate": [], "tools": []}
+        self._warned: set[str] = set()
 
     def timing(self) -> dict[str, float]:
         """Wall time spent generating, in tools, and how much tool time overlapped generation.
@@ -67,14 +83,35 @@ class Agent:
         return {"timing/generate_s": _length(gen), "timing/tools_s": tool_s,
                 "timing/tools_hidden": hidden / tool_s if tool_s else float("nan")}
 
-    async def rollout(self, sample: dict, sample_index: int, params: SamplingParams) -> Trajectory:
-        """Run one trajectory of `sample` (a dataset row with normalized `messages`)."""
+    async def rollout(self, sample: dict, sample_index: int, params: SamplingParams,
+                      episode: Any = None) -> Trajectory:
+        """Run one trajectory of `sample` (a dataset row with normalized `messages`) in `episode`.
+
+        `episode` is the handle its tools are called through (envs.episode); None opens one for this call
+        and closes it on return (an env without episodes, e.g. a test double, is called directly).
+
+        Raises:
+            EpisodeError: the episode did not open (episode None), or its environment failed.
+        """
+        if episode is None and hasattr(self.env, "open_episode"):
+            async with self.env.episode(sample) as own:
+                return await self.rollout(sample, sample_index, params, own)
+        tools = episode if episode is not None else self.env
+        world = getattr(episode, "environment", None)
         cfg, fmt = self.cfg, self.fmt
         messages = [dict(m) for m in sample["messages"]]
+        if world is not None:  # the environment's opening words are part of the prompt
+            messages += _checked(await _hook(world.reset(sample), "reset"), "environment reset()", None)
         ctx = get_context_policy(cfg.context)(fmt, messages, cfg.max_total_tokens, max_tail_tokens=cfg.max_tail_tokens,
                                               processor=cfg.context_processor, keep_turns=cfg.context_keep_turns)
         turns: list[Turn] = []
         stop_reason = "max_turns"
+
+        def so_far(reason: str) -> Trajectory:
+            return Trajectory(sample_index=sample_index, prompt_ids=ctx.prompt_ids, token_ids=ctx.ids,
+                              loss_mask=ctx.mask, logprobs=ctx.logprobs, messages=messages, turns=turns,
+                              stop_reason=reason, sample=sample, steps=ctx.steps)
+
         for turn_index in range(cfg.max_turns):
             prompt = ctx.next_prompt(messages if turn_index else [])
             budget = min(cfg.max_response_tokens, ctx.budget())
@@ -94,35 +131,84 @@ class Agent:
             if gen.finish_reason != "stop":
                 stop_reason = "max_tokens"  # cut mid-turn: a half-written call is not executed
                 break
-            if not calls:
+            last = turn_index == cfg.max_turns - 1  # no turn left to read results: tools don't run
+            observation: list[dict] = []
+            if calls and not last:
+                t0 = time.perf_counter()
+                turn.tool_results = await tools.call_batch(calls)
+                self._spans["tools"].append((t0, time.perf_counter()))
+                observation = [{"role": "tool", "content": self._clip(r)} for r in turn.tool_results]
+                messages += observation
+            spoken: list[dict] = []
+            if world is not None:  # it sees every turn, the last one too (its state must be current)
+                spoken, done = _step_result(await _hook(world.step(so_far("running")), "step"))
+                if done:
+                    stop_reason = "env_done"
+                    break
+                if not last:
+                    messages += spoken
+                    observation += spoken
+            if not calls and not spoken:
                 stop_reason = "answer"
                 break
-            if turn_index == cfg.max_turns - 1:
-                break  # no turn left to read the results: don't run the tools
-            t0 = time.perf_counter()
-            turn.tool_results = await self.env.call_batch(calls)
-            self._spans["tools"].append((t0, time.perf_counter()))
-            tool_messages = [{"role": "tool", "content": self._clip(r)} for r in turn.tool_results]
-            messages += tool_messages
-            obs = ctx.add_observation(tool_messages)
+            if last:
+                break
+            obs = ctx.add_observation(observation)
             if obs is None:
                 stop_reason = "max_tokens"
                 break
             turn.observation_ids = obs
-        return Trajectory(sample_index=sample_index, prompt_ids=ctx.prompt_ids, token_ids=ctx.ids,
-                          loss_mask=ctx.mask, logprobs=ctx.logprobs, messages=messages, turns=turns,
-                          stop_reason=stop_reason, sample=sample, steps=ctx.steps)
+        traj = so_far(stop_reason)
+        if world is not None:
+            traj.state = dict(getattr(episode, "state", {}) or {})
+        return traj
+
+    async def run_episode(self, sample: dict, sample_index: int, params: SamplingParams,
+                          scorer: Any = None) -> Trajectory:
+        """Open `sample`'s episode, roll out in it, score in it (`scorer.submit`), close it.
+
+        A failed episode (or environment) gives a dropped EPISODE_FAILED trajectory instead of raising;
+        a reward's failure is left for `scorer.wait` to report, in order.
+        """
+        try:
+            episode = await self.env.open_episode(sample) if hasattr(self.env, "open_episode") else None
+        except EpisodeError as exc:
+            return self._failed(sample, sample_index, exc)
+        try:
+            traj = await self.rollout(sample, sample_index, params, episode)
+            if scorer is not None:  # before the episode closes: a reward's `tools` reach its servers
+                await asyncio.wait([scorer.submit(traj, tools=episode)])
+        except EpisodeError as exc:
+            traj = self._failed(sample, sample_index, exc)
+        finally:
+            if episode is not None:
+                await episode.close()
+        return traj
+
+    def _failed(self, sample: dict, sample_index: int, exc: EpisodeError) -> Trajectory:
+        where = f"sample {sample_index}" + (f" (id {sample['id']!r})" if sample.get("id") is not None else "")
+        message = f"{where}: {exc}"
+        if message not in self._warned:  # one line per sample and cause, not one per trajectory
+            self._warned.add(message)
+            log.warning("%s; its trajectory is dropped from its group (counted in episode/dropped)", message)
+        return Trajectory(sample_index=sample_index, prompt_ids=[], token_ids=[], loss_mask=[], logprobs=[],
+                          messages=[dict(m) for m in sample.get("messages", [])], turns=[],
+                          stop_reason=EPISODE_FAILED, sample=sample, dropped_by=EPISODE_FAILED,
+                          reward_info={"episode_error": str(exc)[:500]})
 
     async def rollout_groups(self, samples: list[dict], indices: list[int], n: int, params: SamplingParams,
-                             on_done: Callable[[Trajectory], Any] | None = None) -> list[Group]:
-        """All n trajectories of every sample, concurrently; returned grouped by sample.
+                             on_done: Callable[[Trajectory], Any] | None = None, scorer: Any = None) -> list[Group]:
+        """All n trajectories of every sample, concurrently, each in its own episode; grouped by sample.
 
-        `on_done(traj)` is called as each trajectory finishes (the trainer starts scoring it there).
+        `scorer` (rewards.scorer.Scorer) scores each trajectory inside its episode, before it closes;
+        `scorer.wait(trajs)` afterwards reports failures and the batch's metrics. `on_done(traj)` is called
+        as each trajectory finishes (scored, if a scorer was given).
         With `params.seed`, trajectory k of the sample at batch position j samples with its own seed
         derived from (seed, sample index, j, k), so the result does not depend on which trajectory runs first.
         """
         async def rollout_one(sample: dict, index: int, position: int, k: int) -> Trajectory:
-            traj = await self.rollout(sample, index, replace(params, seed=derive_seed(params.seed, index, position, k)))
+            seeded = replace(params, seed=derive_seed(params.seed, index, position, k))
+            traj = await self.run_episode(sample, index, seeded, scorer)
             if on_done is not None:
                 on_done(traj)
             return traj
@@ -156,6 +242,27 @@ def _assistant_message(content: str, calls: list) -> dict:
             for c in calls
         ]
     return message
+
+
+async def _hook(awaitable: Any, name: str) -> Any:
+    """Await an environment hook; what it raises fails this episode only (EpisodeError)."""
+    try:
+        return await awaitable
+    except Exception as exc:  # noqa: BLE001 - user code; cancellation and Ctrl-C pass through
+        raise EpisodeError(f"environment {name}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _step_result(result: Any) -> tuple[list[dict], bool]:
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], bool)):
+        raise EpisodeError(f"environment step() returned {result!r:.80}; expected (messages, done)")
+    return _checked(result[0], "environment step()", OBSERVATION_ROLES), result[1]
+
+
+def _checked(messages: Any, where: str, roles: tuple[str, ...] | None) -> list[dict]:
+    try:
+        return check_messages(messages, where, roles)
+    except ValueError as exc:
+        raise EpisodeError(str(exc)) from None
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -96,7 +96,9 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)
-    tools = open_env(env_cfg, log_dir=run.path / "tool_logs")  # parses the manifest; starts nothing
+    # Parses the manifest and loads env.environment; starts nothing. The first training row lists the tools
+    # of per-episode servers whose launch line names the sample.
+    tools = open_env(env_cfg, log_dir=run.path / "tool_logs", probe_sample=train_rows[0] if train_rows else None)
     check_loggers(t_cfg.logger)  # a logger whose package is missing: one line, before any write
     run.start(cfg, resumed=resume_from is not None)  # the first write into the run directory
 
@@ -106,7 +108,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         if policy.device.type == "cuda":
             log.info("training on %s with the embedded backend (HF generate, one process); trainer.backend=verl is "
                      "the fast GPU path (vLLM rollouts, FSDP, packed sequences): README 'Scaling out'", policy.device)
-        scorer.use_tools(env)  # a reward that names `tools` calls the run's tools
+        scorer.use_tools(env)  # a reward's `tools`: each trajectory's own episode (rollout_groups), else these
         value_head = build_value_head(alg.critic, policy.model) if use_critic else None
         param_groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad]}]  # LoRA: adapters
         if value_head is not None:  # the critic learns at its own rate

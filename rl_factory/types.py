@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# A trajectory whose episode could not open, or whose environment failed: stop_reason and dropped_by.
+EPISODE_FAILED = "episode_error"
+
+
 @dataclass
 class ToolCall:
     """One tool call as the model wrote it.
@@ -101,8 +105,10 @@ class Trajectory:
     token_advantages: list[float] | None = None
     old_values: list[float] | None = None
     returns: list[float] | None = None
-    # The rollout filter that dropped it (rl_factory/pipeline); None = it trains.
+    # The rollout filter that dropped it (rl_factory/pipeline), or EPISODE_FAILED; None = it trains.
     dropped_by: str | None = None
+    # What the environment (env.environment) kept: its `state` dict at the end; the reward's `state`.
+    state: dict[str, Any] = field(default_factory=dict)
 
     def training_samples(self) -> list[Trajectory | Step]:
         """What the update trains on: the whole sequence, or each of its steps (step policy, augmenters)."""

@@ -33,7 +33,8 @@ from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.pipeline.augment import augment, build_augmenters
 from rl_factory.pipeline.filters import apply_filters, build_filters
 from rl_factory.rollout import Agent
-from rl_factory.types import Group, Trajectory
+from envs.episode import EpisodeError
+from rl_factory.types import EPISODE_FAILED, Group, Trajectory
 from rewards.scorer import Scorer
 
 log = logging.getLogger("rl_factory")
@@ -178,16 +179,27 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         indices = self.sampler.next_indices(num_prompts)
         samples = [self.rows[i] for i in indices]
+        # Each trajectory is scored in its own episode, as it finishes (a reward's `tools` reach its servers).
         groups = await self.agent.rollout_groups(samples, indices, self.group_size, replace(self.params, seed=seed),
-                                                 on_done=self.scorer.submit)
+                                                 scorer=self.scorer)
         trajs = [t for g in groups for t in g.trajectories]
+        failed = [t for t in trajs if t.dropped_by == EPISODE_FAILED]
+        if failed and len(failed) == len(trajs):  # nothing to train on: a setup error, not one bad sample
+            raise EpisodeError(f"every episode of this round failed; the first: sample {failed[0].sample_index}: "
+                               f"{failed[0].reward_info.get('episode_error')}")
         t1 = time.perf_counter()
-        metrics = await self.scorer.wait(trajs)  # the scoring still running when the last rollout ended
+        metrics = await self.scorer.wait(trajs)  # reports reward failures in order, and the batch's metrics
+        if failed:
+            metrics["episode/dropped"] = float(len(failed))
         return groups, {**metrics, "timing/rollout_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
 
     async def _filter(self, groups: list[Group], step: int, dropped: dict[str, int]
                       ) -> tuple[list[Group], list[float], dict[str, float]]:
         """The survivors of every filter, their estimator inputs, and the tournament's metrics (arena)."""
+        # A trajectory whose episode failed never ran: it leaves its group before any filter, like a
+        # dropped one (the group's statistics are its survivors').
+        groups = [Group(g.sample_index, kept) for g in groups
+                  if (kept := [t for t in g.trajectories if t.dropped_by != EPISODE_FAILED])]
         return await apply_filters(self.filters, groups,
                                    lambda kept: self._estimator_inputs(kept, step), dropped)
 
