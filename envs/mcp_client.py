@@ -128,7 +128,9 @@ class MCPServerConnection:
             # sends its endpoint event, a process that never answers initialize).
             done, _ = await asyncio.wait({ready}, timeout=self.spec.startup_timeout_s)
         except asyncio.CancelledError:
-            # Our caller gave up mid-handshake: take the half-started server down with it.
+            # Our caller gave up mid-handshake: take the half-started server down with it (a cancelled
+            # `ready` tells the owner nobody waits for its report: a warm pool's start cancelled at shutdown).
+            ready.cancel()
             owner.cancel()
             await asyncio.gather(owner, return_exceptions=True)
             raise

@@ -83,7 +83,7 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "tool_results": [{"name": r.call.name, "text": r.text, "error_kind": r.error_kind,
                           "latency_s": round(r.latency_s, 4)} for r in traj.tool_results],
         **({"state": traj.state} if traj.state else {}),  # what the environment kept (env.environment)
-        **({"episode_error": traj.reward_info["episode_error"]} if traj.dropped_by == EPISODE_FAILED else {}),
+        **({"episode_error": traj.reward_info.get("episode_error")} if traj.dropped_by == EPISODE_FAILED else {}),
         "prompt_tokens": len(traj.prompt_ids),
         "generated_tokens": traj.num_generated_tokens,
         "total_tokens": len(traj.token_ids),

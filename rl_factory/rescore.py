@@ -10,7 +10,8 @@ each turn's decoded text, tool calls and results, stop reason) with its full dat
 from the run's data files by its index (the record's `answer`/`id`/`data_source` where the file is
 gone), scored by the new reward, and written next to its old reward in `rescore/rescore.csv`
 (split, step, sample, id, old, new, difference, completion). A summary per split and step goes
-to `rescore/summary.json` and the console. A reward that names `tools` gets the run's manifest.
+to `rescore/summary.json` and the console. A reward that names `tools` gets the run's manifest (not a
+manifest with `scope: episode` servers: the episodes' state is gone); `state` is the stored one.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def rebuild(record: dict[str, Any], sample: dict[str, Any]) -> Trajectory:
         turns.append(Turn([], [], text, tool_calls=turn_calls, tool_results=turn_results))
     return Trajectory(sample_index=record.get("sample_index") or 0, prompt_ids=[], token_ids=[], loss_mask=[],
                       logprobs=[], messages=messages, turns=turns, stop_reason=record.get("stop_reason") or "answer",
-                      sample=sample, reward=record.get("reward"))
+                      sample=sample, reward=record.get("reward"), state=dict(record.get("state") or {}))
 
 
 def rescore(run_dir: str | Path, overrides: list[str], split: str = "all", out: str | Path | None = None) -> dict:
@@ -100,7 +101,13 @@ async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -
     trajs = [rebuild(rec, _sample(datasets.get(s), rec)) for s, step, rec in items]
     old = [t.reward for t in trajs]
     wants_tools = any(c.fn.wants("tools") and not c.fn.takes_any for c in reward.components)
-    async with (open_env(env_cfg) if wants_tools else _no_env()) as env:
+    tools = open_env(env_cfg) if wants_tools else _no_env()
+    if wants_tools and tools._episode_servers:
+        from rl_factory.config import ConfigError
+        raise ConfigError(f"the reward calls tools, and {tools._episode_servers[0].label} has scope: episode: the "
+                          "episodes these rollouts ran in are closed, so their servers' state cannot be read again; "
+                          "rescore with a reward that reads the stored trajectory (and `state`) only")
+    async with tools as env:
         await score_trajectories(reward, trajs, tools=env)
     return _write(out, items, trajs, old, reward.name)
 

@@ -140,7 +140,9 @@ async def tools(doc) -> str:
     from rl_factory.components import open_env
 
     try:
-        env = open_env(doc.state["env_cfg"])  # no log_dir: nothing is written into a run directory
+        # no log_dir: nothing is written into a run directory; the first row (when the data loaded) lists the
+        # tools of per-episode servers whose launch line names the sample
+        env = open_env(doc.state["env_cfg"], probe_sample=(doc.state.get("all_rows") or [None])[0])
         await env.__aenter__()
         doc.state["env"] = env
         schemas = await env.list_tools()
@@ -165,8 +167,13 @@ async def reward_scores(doc) -> str:
     traj = Trajectory(sample_index=0, prompt_ids=[], token_ids=[], loss_mask=[], logprobs=[],
                       messages=[*row["messages"], {"role": "assistant", "content": completion}],
                       turns=[Turn([], [], completion)], stop_reason="answer", sample=row)
+    env = doc.state.get("env")
     try:
-        await score_trajectories(doc.state["reward"], [traj], tools=doc.state.get("env"))
+        if env is not None:  # in the row's own episode, as in training (a reward's tools reach its servers)
+            async with env.episode(row) as episode:
+                await score_trajectories(doc.state["reward"], [traj], tools=episode)
+        else:
+            await score_trajectories(doc.state["reward"], [traj])
     except Exception as exc:
         raise CheckFailed(_text(exc), "run the reward on this row by hand; reward.on_error=zero scores failures 0")
     return f"scored {traj.reward:.3f} on row 0 with its reference answer as the completion"

@@ -1,10 +1,12 @@
-"""Shared pieces of the verl backend tests: a scripted LLM server and a composed verl config."""
+"""Shared pieces of the verl backend tests: a scripted LLM server, a composed verl config, per-episode notes."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
@@ -73,3 +75,37 @@ def load_rows(cfg, files, split="train"):
     dataset = RLHFDataset(data_files=files[split], tokenizer=hf_tokenizer(cfg.actor_rollout_ref.model.path),
                           config=cfg.data)
     return collate_fn([dataset[i] for i in range(len(dataset))])
+
+
+# ---- episodes (test_verl_episodes.py, test_verl_v1_ray.py) ------------------------------------------
+
+MARKER_VAR = "RL_FACTORY_TEST_RUN"
+NOTES = str(Path(__file__).resolve().parents[1] / "fakes" / "notes_server.py")
+PUT = '<tool_call>\n{{"name": "put", "arguments": {{"key": "k", "value": "{}"}}}}\n</tool_call>'
+RIGHT_NOTE, WRONG_NOTE = [PUT.format("10063"), "Noted."], [PUT.format("5"), "Noted."]
+REWARD = """\
+import json, os
+
+
+async def reward(tools, answer, **_):
+    me = json.loads((await tools.call("whoami", {})).text)
+    kept = (await tools.call("get", {"key": "k"})).text
+    return {"score": float(kept == answer), "server_ppid": me["ppid"], "scorer_pid": os.getpid()}
+"""
+
+
+@pytest.fixture()
+def episodes(verl_setup, tmp_path):
+    """make(*overrides) -> (verl config, data files, marker): the calculator row, a per-episode notes
+    server whose processes carry `marker`, and REWARD (which reads the session's note back)."""
+    marker = uuid.uuid4().hex
+    manifest = tmp_path / "notes.yaml"
+    manifest.write_text(yaml.safe_dump({"mcpServers": {"notes": {
+        "command": "python", "args": [NOTES], "scope": "episode", "env": {MARKER_VAR: marker}}}}))
+    (tmp_path / "notes_reward.py").write_text(REWARD)
+
+    def make(*overrides):
+        cfg, files = verl_setup(f"env.tools={manifest}", f"reward.function={tmp_path / 'notes_reward.py'}:reward",
+                                *overrides)
+        return cfg, files, marker
+    return make

@@ -9,6 +9,7 @@ arena through the plugin). Only the LLM server is scripted (vLLM needs a GPU).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -177,3 +178,29 @@ def test_v1_step_context_gives_one_sample_per_turn(ray_cluster, verl_setup):
         assert scores[2 * s] == scores[2 * s + 1] and adv[2 * s] == pytest.approx(adv[2 * s + 1])
         assert (adv[2 * s] > 0) == right[2 * s]
 
+
+def test_v1_step_with_per_episode_servers(ray_cluster, episodes):
+    """One episode per session (test_verl_episodes.py): servers started and rewards scored in the worker."""
+    from tests.backends.conftest import RIGHT_NOTE, WRONG_NOTE
+    from tests.e2e.test_episode_cleanup import marked_processes
+
+    cfg, files, marker = episodes()
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    keys, data, adv = rollout_step(cfg, files, [RIGHT_NOTE, WRONG_NOTE, RIGHT_NOTE])
+    assert keys == ["prompt-0_0_0", "prompt-0_1_0", "prompt-0_2_0"]
+    scores = [float(data["rm_scores"][i].sum()) for i in range(3)]
+    # each session's own note, read by the reward in its own episode (sessions take scripts as they come)
+    assert sorted(scores) == [0.0, 1.0, 1.0]
+    infos = [_extra_fields(data, i)["reward_extra_info"] for i in range(3)]
+    worker_pids = {i["reward/scorer_pid"] for i in infos}
+    # one AgentLoopWorker actor ran the sessions, started their servers and scored them: not this driver
+    assert len(worker_pids) == 1 and os.getpid() not in worker_pids
+    assert all(i["reward/server_ppid"] == i["reward/scorer_pid"] for i in infos)
+    assert all((a > 0) == (r == 1.0) for a, r in zip(adv, scores)) and np.isclose(sum(adv), 0.0, atol=1e-5)
+    assert marked_processes(marker) == set()  # the episodes closed: no server of theirs is left
+
+
+def _extra_fields(data, i) -> dict:
+    value = data["extra_fields"][i]
+    return getattr(value, "data", value)

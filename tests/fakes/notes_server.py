@@ -3,7 +3,7 @@
     python tests/fakes/notes_server.py [--tag TAG] [--file PATH]
 
 `put` and `get` show whether two trajectories share state (they share it exactly when they share the
-process, or the file); `whoami` reports the process id, tag, working directory and NOTES_ENV, so tests can
+process, or the file); `whoami` reports the process id (and its parent's), tag, working directory and NOTES_ENV, so tests can
 see what the manifest's `${sample.*}` / `${episode.*}` values became; `lookup(db_id, key)` has an argument
 a manifest hides and fills from the sample.
 """
@@ -43,8 +43,9 @@ def get(key: str) -> str:
 
 @server.tool()
 def whoami() -> str:
-    """This process: pid, tag, cwd and $NOTES_ENV, as JSON."""
-    return json.dumps({"pid": os.getpid(), "tag": ARGS.tag, "cwd": os.getcwd(), "env": os.environ.get("NOTES_ENV")})
+    """This process: pid, parent pid, tag, cwd and $NOTES_ENV, as JSON."""
+    return json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "tag": ARGS.tag, "cwd": os.getcwd(),
+                       "env": os.environ.get("NOTES_ENV")})
 
 
 @server.tool()

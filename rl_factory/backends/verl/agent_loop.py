@@ -13,6 +13,14 @@ tool env (stdio servers are started here, once per AgentLoopWorker; HTTP servers
 the chat format, the parser, and for ArenaRL the group rendezvous. The per-trajectory object stays
 cheap, as verl requires.
 
+One episode per verl session (envs.episode): the session's trajectory runs in its own episode, opened
+here, so `scope: episode` servers start in the worker that runs the session. When episodes hold state
+(`scope: episode` servers or `env.environment`), verl's reward worker (another process) could not reach
+them, so the loop scores the trajectory itself, through the run's `Scorer` with the episode's tools,
+before the episode closes, and hands verl the score as `reward_score` (as the ArenaRL rendezvous does;
+verl then skips its reward worker). A session whose episode fails returns one output that trains no
+token (`rl_factory_dropped`), left out of its group by our estimators.
+
 Settings come from the `rl_factory` node of verl's config (our whole composed config, `self.config`
 in every agent loop), so the agent-loop YAML needs no arguments.
 """
@@ -32,8 +40,9 @@ from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from envs import get_parser
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
-from rl_factory.backends.verl.pipeline import augmented, finish_outputs, group_stage
+from rl_factory.backends.verl.pipeline import GROUP_KEY, augmented, finish_outputs, group_stage
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
+from rl_factory.backends.verl.reward import score_result
 from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.chat import ChatFormat
 from rl_factory.components import EnvConfig, SamplingConfig, loop_config, open_env
@@ -41,7 +50,9 @@ from rl_factory.config import section
 from rl_factory.engines.base import Generation, SamplingParams
 from rl_factory.evaluate import trajectory_record
 from rl_factory.rollout import Agent, RolloutConfig
-from rl_factory.types import Trajectory
+from rl_factory.types import EPISODE_FAILED, Trajectory
+from rewards.combine import RewardConfig
+from rewards.scorer import build_scorer
 
 AGENT_NAME = "rl_factory"
 
@@ -105,12 +116,13 @@ class WorkerState:
     _locks: dict[int, tuple[Any, asyncio.Lock]] = {}
 
     def __init__(self, loop_cfg: RolloutConfig, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
-                 arena: ArenaGroups | None, output_dir: Path):
+                 arena: ArenaGroups | None, output_dir: Path, scorer: Any = None):
         self.loop_cfg, self.env, self.fmt, self.parser, self.stop_ids = loop_cfg, env, fmt, parser, stop_ids
         self.arena, self.output_dir = arena, output_dir
+        self.scorer = scorer  # scores inside the episode (episodes with state), else None: verl's reward worker
 
     @classmethod
-    async def get(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
+    async def get(cls, config: DictConfig, tokenizer: Any, sample: dict | None = None) -> WorkerState:
         loop = asyncio.get_running_loop()
         key = (id(loop), id(config))
         if key not in cls._instances:
@@ -119,23 +131,25 @@ class WorkerState:
             lock = cls._locks[id(loop)][1]
             async with lock:  # the first trajectories of a worker arrive together: build once
                 if key not in cls._instances:
-                    cls._instances[key] = (loop, config, await cls._build(config, tokenizer))
+                    cls._instances[key] = (loop, config, await cls._build(config, tokenizer, sample))
         return cls._instances[key][2]
 
     @classmethod
-    async def _build(cls, config: DictConfig, tokenizer: Any) -> WorkerState:
+    async def _build(cls, config: DictConfig, tokenizer: Any, sample: dict | None) -> WorkerState:
         ours = config.rl_factory
         env_cfg = section(ours, "env", EnvConfig)
         loop_cfg = loop_config(env_cfg, section(ours, "rollout", SamplingConfig))
         # verl pads every response to response_length: the whole multi-turn tail must fit in it.
         loop_cfg.max_tail_tokens = config.actor_rollout_ref.rollout.response_length
         output_dir, worker = Path(ours.trainer.output_dir), f"{socket.gethostname()}-{os.getpid()}"
-        env = await open_env(env_cfg, log_dir=output_dir / "tool_logs" / worker).__aenter__()
+        # The worker's first sample lists the tools of per-episode servers whose launch line names the sample.
+        env = await open_env(env_cfg, log_dir=output_dir / "tool_logs" / worker, probe_sample=sample).__aenter__()
         tools = await env.list_tools()  # stdio servers start here, once per worker process
         stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
         arena = group_stage(ours, env, output_dir, worker)  # ArenaRL and rollout filters meet here (pipeline.py)
+        scorer = build_scorer(section(ours, "reward", RewardConfig)).use_tools(env) if env.episodic else None
         return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
-                   {i for i in stop_ids if i is not None}, arena, output_dir)
+                   {i for i in stop_ids if i is not None}, arena, output_dir, scorer)
 
 
 def _generation_eos_ids(config: DictConfig) -> list[int]:
@@ -156,8 +170,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
-        state = await WorkerState.get(self.config, self.tokenizer)
         sample = sample_from_kwargs(kwargs)
+        state = await WorkerState.get(self.config, self.tokenizer, sample)
         validate = kwargs.get(SPLIT_KEY) == "val"
         group = state.arena if state.arena is not None and not validate else None
         uid, session = kwargs.get("uid"), kwargs.get("session_id", 0)
@@ -168,15 +182,21 @@ class RLFactoryAgentLoop(AgentLoopBase):
                 await group.submit(uid, session, None, self.rollout_config.n, kwargs.get("global_steps", 0))
             raise
         step, split = int(kwargs.get("global_steps", 0) or 0), "val" if validate else "train"
-        score = None
+        failed = traj.dropped_by == EPISODE_FAILED
+        # Scored in the episode (episodes with state), else by the group stage or verl's reward worker.
+        score = float(traj.reward_info.get("score", 0.0)) if state.scorer is not None else None
         if group is not None:  # ArenaRL / rollout filters: the group stage's score replaces the reward worker
-            score = await group.submit(uid, session, traj, self.rollout_config.n, step)
-            # verl skips its reward worker for this trajectory: its rollouts line is written here
+            played = await group.submit(uid, session, None if failed else traj, self.rollout_config.n, step)
+            score = 0.0 if failed else played
+            if failed:
+                traj.reward_info[GROUP_KEY] = float(session)  # never a group of equal keys because of it
+        if score is not None:  # verl skips its reward worker for this trajectory: its rollouts line is written here
             write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score}])
-        traj = await augmented(traj, self.config, validate)  # rollout.augment: one output per view
+        traj = await augmented(traj, self.config, validate or failed)  # rollout.augment: one output per view
         outputs = to_outputs(traj, timing, score, self.rollout_config.response_length,
                              record=to_record(traj, step, split, session))
-        return finish_outputs(outputs, traj)  # rollout filters: a dropped trajectory trains no token
+        # rollout filters, failed episodes: a dropped trajectory trains no token
+        return finish_outputs(outputs, traj, scored=score is not None)
 
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:
@@ -186,7 +206,18 @@ class RLFactoryAgentLoop(AgentLoopBase):
         agent = Agent(engine, state.env, state.fmt, state.parser, cfg)
         params = SamplingParams(float(sampling_params.get("temperature", 1.0)),
                                 float(sampling_params.get("top_p", 1.0)), cfg.max_response_tokens)
-        traj = await agent.rollout(sample, int(kwargs.get("index", 0) or 0), params)
+        index = int(kwargs.get("index", 0) or 0)
+        # One episode per session, opened in this worker; scored inside it when it holds state.
+        traj = await agent.run_episode(sample, index, params, scorer=state.scorer)
+        failed = traj.dropped_by == EPISODE_FAILED
+        if state.scorer is not None:
+            await state.scorer.wait([traj])  # a reward's failure is raised here, naming the sample
+            # what verl's reward worker would return (a failed episode keeps its error for the rollouts line)
+            traj.reward_info = {**score_result(state.scorer, traj), **(traj.reward_info if failed else {})}
+        if failed:  # nothing was generated: one token, trained by no one
+            traj.prompt_ids = state.fmt.prompt_ids(sample["messages"])
+            traj.token_ids = [*traj.prompt_ids, self.tokenizer.eos_token_id]
+            traj.loss_mask, traj.logprobs = [0] * len(traj.token_ids), [0.0] * len(traj.token_ids)
         return traj, {**agent.timing(), "server_extra": engine.extra, "num_preempted": engine.num_preempted}
 
 

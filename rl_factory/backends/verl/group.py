@@ -90,7 +90,8 @@ class ArenaGroups:
         if not trajs:
             return {}
         # Pointwise rewards first: `judge.type=reward` compares them, and arena/reward_spearman needs them.
-        await self.reward.use_tools(self.tools).wait(trajs)
+        # (those the agent loop scored inside their episode keep that score)
+        await self.reward.use_tools(self.tools).wait([t for t in trajs if t.reward is None])
         if len(trajs) == 1:
             return {sessions[0]: 0.0}  # nobody to play; a group of one gets no advantage anyway
         scores, metrics = await self.arena.score_groups([Group(trajs[0].sample_index, trajs)], step)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ def check_supported(ours: DictConfig) -> None:
     if ours.reward.process.function or ours.reward.process.tool_error_penalty:
         if ours.reward.process.outcome_mode != "sum":
             raise ConfigError("reward.process on verl is added to the outcome reward: set reward.process.outcome_mode=sum")
+    tools = ours.env.tools
+    if isinstance(tools, DictConfig) and re.search(r"\$\{(sample|episode)\.", str(OmegaConf.to_container(tools))):
+        # verl resolves its whole config in each worker, where ${sample.col} would read as one of its keys
+        raise ConfigError("env.tools: an inline manifest that names ${sample.*} or ${episode.*} cannot travel in "
+                          "verl's config; put it in a file and set env.tools=path/to/tools.yaml")
 
 
 def absolute(ours: DictConfig) -> DictConfig:
@@ -102,12 +108,14 @@ def model_path(ours: DictConfig, build: bool) -> str:
     path = ours.model.path
     if not path.startswith("builtin:") or not build:
         return path
-    from rl_factory.components import EnvConfig, open_env
+    from rl_factory.components import DataConfig, EnvConfig, load_rows, open_env
     from rl_factory.config import section
     from rl_factory.policy import resolve_model_path
 
     async def tools() -> list[dict]:
-        async with open_env(section(ours, "env", EnvConfig)) as env:
+        # the first training row lists the tools of per-episode servers whose launch line names the sample
+        probe = load_rows(ours.data.train_files, section(ours, "data", DataConfig), limit=1)[0]
+        async with open_env(section(ours, "env", EnvConfig), probe_sample=probe) as env:
             return await env.list_tools()
 
     return resolve_model_path(path, asyncio.run(tools()), int(ours.seed), log=log.info)

@@ -91,7 +91,11 @@ def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
 def pipeline_values(ours: DictConfig) -> dict[str, Any]:
     """verl key -> value for the pipeline (an addition to `config.verl_values`' table)."""
     roll, values = ours.rollout, {}
-    if roll.filters and ours.algorithm.advantage in ("grpo", "rloo"):  # ours leave dropped rows out
+    # Ours leave dropped rows (a filter's, a failed episode's) out of the group; verl's own grpo is kept
+    # where a session has several outputs (it alone broadcasts their advantage).
+    multi_output = roll.augment or roll.context == "step"
+    drops = roll.filters or (episodic(ours) and not multi_output)
+    if drops and ours.algorithm.advantage in ("grpo", "rloo"):
         values["algorithm.adv_estimator"] = registered_name(ours.algorithm.advantage)
     if roll.dynamic_sampling.min_groups is not None:
         values.update({
@@ -103,6 +107,22 @@ def pipeline_values(ours: DictConfig) -> dict[str, Any]:
                 "max_inflight_gen_batches": "${algorithm.filter_groups.max_inflight_gen_batches}"},
         })
     return values
+
+
+def episodic(ours: DictConfig) -> bool:
+    """Whether the run's episodes hold state (`scope: episode` servers or an environment): read from the
+    config in the driver, starting nothing."""
+    from envs.manifest import load_manifest
+
+    if ours.env.get("environment"):
+        return True
+    tools = _container(ours.env.tools)
+    if not tools:
+        return False
+    try:
+        return any(s.scope == "episode" for s in load_manifest(tools).servers.values())
+    except (ValueError, OSError):  # the launcher reports a bad manifest on its own
+        return False
 
 
 def _sampler_path() -> str:
@@ -144,7 +164,10 @@ class PipelineGroups(ArenaGroups):
                 for s, t in zip(sessions, trajs)}
 
     async def _score(self, traj: Trajectory) -> None:
-        """What verl's reward worker would compute: our compute_score on the trajectory's record."""
+        """What verl's reward worker would compute: our compute_score on the trajectory's record (unless the
+        agent loop scored it already, inside its episode)."""
+        if traj.reward is not None:
+            return
         result = await compute_score(extra_info={RECORD_KEY: to_record(traj)}, rl_factory=self.reward_settings)
         traj.reward, traj.reward_info = float(result["score"]), dict(result)  # = verl's reward_extra_info
 
@@ -183,15 +206,17 @@ async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Tra
     return traj
 
 
-def finish_outputs(outputs: Any, traj: Trajectory) -> Any:
-    """verl's outputs of `traj` after the group stage: a dropped trajectory trains no token; scores' extras."""
+def finish_outputs(outputs: Any, traj: Trajectory, scored: bool = False) -> Any:
+    """verl's outputs of `traj` after the group stage: a dropped trajectory (a filter's, or a failed episode)
+    trains no token; scored in the agent loop (`scored`, or the group stage's key): the scores' extras."""
     outs = outputs if isinstance(outputs, list) else [outputs]
     if traj.dropped_by is not None:
         for out in outs:
             out.response_mask = [0] * len(out.response_mask)
             out.extra_fields[DROPPED_KEY] = traj.dropped_by
-    if GROUP_KEY in traj.reward_info:  # scored here: this is what verl's reward worker would have returned
-        outs[-1].extra_fields["reward_extra_info"] = dict(traj.reward_info)
+    if scored or GROUP_KEY in traj.reward_info:  # what verl's reward worker would have returned (numbers)
+        outs[-1].extra_fields["reward_extra_info"] = {k: v for k, v in traj.reward_info.items()
+                                                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return outputs
 
 

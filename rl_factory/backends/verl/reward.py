@@ -46,15 +46,22 @@ class _WorkerScorer:
     async def __call__(self, record: str) -> dict[str, Any]:
         traj = from_record(record)
         await self.scorer.score(traj, await self.tools())
-        result = {"score": self.scorer.outcome(traj)}  # plus the process rewards (outcome_mode: sum)
-        if self.scorer.process is not None:
-            result["process"] = sum(traj.process_rewards)
-        result.update({f"reward/{k}": float(v) for k, v in traj.reward_info.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        result = score_result(self.scorer, traj)
         if self.output_dir:
             meta = json.loads(record)
             write_part(self.output_dir, meta.get("split", "train"), meta.get("step", 0), [rollout_line(meta, traj)])
         return result
+
+
+def score_result(scorer: Any, traj: Any) -> dict[str, Any]:
+    """What verl gets for a scored trajectory (`score`, and the numbers of its reward_info as `reward/<key>`),
+    from the reward worker here or from the agent loop when it scored inside the episode."""
+    result = {"score": scorer.outcome(traj)}  # plus the process rewards (outcome_mode: sum)
+    if scorer.process is not None:
+        result["process"] = sum(traj.process_rewards)
+    result.update({f"reward/{k}": float(v) for k, v in traj.reward_info.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return result
 
 
 async def compute_score(data_source: str = None, solution_str: str = None, ground_truth: str = None,

@@ -1,0 +1,76 @@
+"""The SQL example's MCP server: one `run_sql` tool over a private copy of one sample's SQLite database.
+
+    python -m examples.sql.server            # stdio; examples/sql/tools.yaml starts one per episode
+
+`run_sql(sql, database)` runs one SQL statement. `database` is the sample's database file; the manifest
+hides it from the model and fills it from the sample (`hidden_arguments: {run_sql: {database:
+${sample.db_path}}}`), so the model writes only the SQL. On the first call the process copies that file
+into memory (`sqlite3` backup; the file is opened read-only) and works on the copy from then on: the
+agent's inserts and updates change this process's copy, never the file, and since every episode gets its
+own process (`scope: episode`), the n trajectories of a sample each start from the same rows and cannot
+see each other's changes. The copy is gone when the process exits; nothing is written to disk, which is
+also why a warm pool (`pool:`) can start these processes before their episode exists.
+
+A SELECT returns its rows as a small text table (`col | col` header, one line per row, at most
+MAX_ROWS); any other statement returns how many rows it changed. `ATTACH`, `DETACH` and `VACUUM` are
+refused (they would reach other files), and so is a second database in one process.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("sql", log_level="WARNING")
+MAX_ROWS = 50
+REFUSED = ("ATTACH", "DETACH", "VACUUM")
+_db: dict[str, sqlite3.Connection] = {}
+
+
+def _deny_files(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_DENY if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH) else sqlite3.SQLITE_OK
+
+
+def _connection(database: str) -> sqlite3.Connection:
+    if database in _db:
+        return _db[database]
+    if _db:
+        raise ToolError(f"this episode's database is {next(iter(_db))}, not {database}")
+    if not os.path.isfile(database):
+        raise ToolError(f"database {database} not found (create the example's databases: "
+                        "python -m examples.sql.prepare_data)")
+    source = sqlite3.connect(f"file:{os.path.abspath(database)}?mode=ro", uri=True)
+    copy = sqlite3.connect(":memory:", isolation_level=None)  # autocommit: each statement stands
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+    copy.set_authorizer(_deny_files)
+    _db[database] = copy
+    return copy
+
+
+@server.tool()
+def run_sql(sql: str, database: str) -> str:
+    """Run one SQL statement: SELECT returns rows, INSERT and UPDATE change them."""
+    if sql.lstrip().split(" ", 1)[0].upper() in REFUSED:
+        raise ToolError(f"{sql.split()[0].upper()} is not allowed here")
+    conn = _connection(database)
+    try:
+        cursor = conn.execute(sql)
+    except sqlite3.Error as exc:
+        raise ToolError(f"{type(exc).__name__}: {exc}") from None
+    if cursor.description is None:
+        return f"OK, {cursor.rowcount} row(s) changed"
+    rows = cursor.fetchmany(MAX_ROWS + 1)
+    lines = [" | ".join(d[0] for d in cursor.description)]
+    lines += [" | ".join("NULL" if v is None else str(v) for v in row) for row in rows[:MAX_ROWS]]
+    if len(rows) > MAX_ROWS:
+        lines.append(f"... (more than {MAX_ROWS} rows)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    server.run()
