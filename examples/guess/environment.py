@@ -1,6 +1,6 @@
 """The number-guessing game as an environment: one instance per trajectory, answering every guess.
 
-    env.environment=examples/guess/environment.py:GuessEnv   env.tools=null   env.max_turns=6
+    env.environment=examples/guess/environment.py:GuessEnv   env.tools=null   env.max_turns=4
 
 The dataset row names the secret (`answer`) and the range (`low`, `high`); its prompt asks for a
 guess. After each assistant turn `step` reads the turn as one number: a hit ends the episode, a miss
@@ -22,7 +22,7 @@ class GuessEnv:
         self.state: dict[str, Any] = {}
 
     async def reset(self, sample: dict) -> list[dict]:
-        low, high = int(sample.get("low", 1)), int(sample.get("high", 16))
+        low, high = int(sample.get("low", 1)), int(sample.get("high", 8))
         self.state = {"secret": int(sample["answer"]), "low": low, "high": high, "guesses": [], "solved": False}
         return []  # the dataset's prompt already opens the game
 

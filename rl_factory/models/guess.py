@@ -65,9 +65,9 @@ class GuessModelConfig:
 
     seed: int = 0
     low: int = 1
-    high: int = 16
-    # Guesses per warm-start game at most (examples/guess trains with env.max_turns=6)
-    max_turns: int = 6
+    high: int = 8
+    # Guesses per warm-start game at most (examples/guess trains with env.max_turns=4)
+    max_turns: int = 4
     vocab_size: int = 384
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -76,12 +76,16 @@ class GuessModelConfig:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 512
     num_games: int = 4000
-    steps: int = 300
-    lr: float = 3e-3
     batch_size: int = 32
-    # Share of warm-start games whose guesses respect the feedback (random among the numbers still
-    # possible); 0 = every guess ignores it
-    feedback_share: float = 0.0
+    # Phase 1 (how the game goes): every guess is one of the numbers the feedback still allows, so the
+    # model learns to read "higher"/"lower" at all
+    rules_steps: int = 300
+    rules_lr: float = 3e-3
+    # Phase 2 (a weak strategy on top): only `feedback_share` of the games follow the feedback, the
+    # rest guess anywhere in the range
+    weak_steps: int = 100
+    weak_lr: float = 1e-3
+    feedback_share: float = 0.3
 
 
 def play(rng: random.Random, cfg: GuessModelConfig, follow_feedback: bool) -> list[dict]:
@@ -99,9 +103,9 @@ def play(rng: random.Random, cfg: GuessModelConfig, follow_feedback: bool) -> li
     return messages
 
 
-def games(cfg: GuessModelConfig) -> list[list[dict]]:
-    rng = random.Random(f"guess-{cfg.seed}")
-    return [play(rng, cfg, rng.random() < cfg.feedback_share) for _ in range(cfg.num_games)]
+def games(cfg: GuessModelConfig, feedback_share: float) -> list[list[dict]]:
+    rng = random.Random(f"guess-{cfg.seed}-{feedback_share}")
+    return [play(rng, cfg, rng.random() < feedback_share) for _ in range(cfg.num_games)]
 
 
 def build_key(cfg: GuessModelConfig) -> str:
@@ -123,14 +127,17 @@ def build_guess_model(out: Path, cfg: GuessModelConfig, log=print) -> None:
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    played = games(cfg)
-    corpus, _ = render_jinja_template(played, chat_template=CHAT_TEMPLATE)
+    rules, weak = games(cfg, 1.0), games(cfg, cfg.feedback_share)
+    corpus, _ = render_jinja_template(rules + weak, chat_template=CHAT_TEMPLATE)
     tokenizer = build_tokenizer(corpus, cfg.vocab_size)
     model = new_model(cfg, tokenizer)
     log(f"tiny-guess model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"vocab {len(tokenizer)}")
     fmt = ChatFormat(tokenizer)
     ws = WarmStartConfig(batch_size=cfg.batch_size, seed=cfg.seed)
-    supervised_pass(model, [tokenize_transcript(fmt, g) for g in played], cfg.steps, cfg.lr, ws,
-                    tokenizer.pad_token_id, log=log, name="warm start (format, no strategy)")
+    pad = tokenizer.pad_token_id
+    supervised_pass(model, [tokenize_transcript(fmt, g) for g in rules], cfg.rules_steps, cfg.rules_lr, ws, pad,
+                    log=log, name="warm start (rules: guesses follow the feedback)", decay=False)
+    supervised_pass(model, [tokenize_transcript(fmt, g) for g in weak], cfg.weak_steps, cfg.weak_lr, ws, pad,
+                    log=log, name=f"warm start (weak strategy: {cfg.feedback_share:.0%} follow it)")
     save_model(out, model, tokenizer, {"config": asdict(cfg)})
