@@ -20,6 +20,9 @@ from rl_factory.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
 register_builtin_model = BUILTIN_MODELS.register
+# The tokenizer each builtin model would have, made in about a second without training it (`--doctor`)
+BUILTIN_TOKENIZERS: Registry[Callable[..., Any]] = Registry("builtin tokenizer")
+register_builtin_tokenizer = BUILTIN_TOKENIZERS.register
 
 
 @register_builtin_model("tiny-calculator")
@@ -31,6 +34,13 @@ def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
     return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
 
 
+@register_builtin_tokenizer("tiny-calculator")
+def _tiny_calculator_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
+
+    return tiny_tokenizer(tools, TinyModelConfig(seed=seed))
+
+
 @register_builtin_model("tiny-guess")
 def _tiny_guess(tools: list[dict], seed: int, log) -> Path:
     from rl_factory.models.guess import GuessModelConfig, ensure_guess_model
@@ -39,6 +49,13 @@ def _tiny_guess(tools: list[dict], seed: int, log) -> Path:
     if tools:
         raise ValueError("model.path=builtin:tiny-guess plays examples/guess, which has no tools: set env.tools=null")
     return ensure_guess_model(GuessModelConfig(seed=seed), log=log)
+
+
+@register_builtin_tokenizer("tiny-guess")
+def _tiny_guess_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.guess import GuessModelConfig, guess_tokenizer
+
+    return guess_tokenizer(GuessModelConfig(seed=seed))
 
 
 @dataclass
