@@ -123,7 +123,7 @@ def build_key(cfg: GuessModelConfig) -> str:
 
 
 def ensure_guess_model(cfg: GuessModelConfig | None = None, log=print) -> Path:
-    """The directory of the built model, building and caching it on first use (about 20 s on 2 cores)."""
+    """The directory of the built model, building and caching it on first use (about 70 s of one CPU core)."""
     cfg = cfg or GuessModelConfig()
     out = cache_root() / f"tiny-guess-{build_key(cfg)}"
     return cached_build(out, lambda tmp: build_guess_model(tmp, cfg, log=log), log, what="builtin:tiny-guess")

@@ -24,7 +24,7 @@ QUICK = GuessModelConfig(num_games=300, rules_steps=40, weak_steps=5)
 EXAMPLE = ["env.tools=null", f"env.environment={GUESS / 'environment.py'}:GuessEnv", "env.max_turns=4",
            f"data.train_files={GUESS / 'data' / 'train.jsonl'}", f"data.val_files={GUESS / 'data' / 'val.jsonl'}",
            f"reward.function={GUESS / 'reward.py'}:reward", "reward.success_threshold=0.1",
-           "rollout.max_response_tokens=8", "algorithm.loss_agg=seq_mean_token_mean"]
+           "rollout.max_response_tokens=8", "optim.lr=5e-4", "algorithm.loss_agg=seq_mean_token_mean"]
 
 
 @pytest.fixture(scope="module")
