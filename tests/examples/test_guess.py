@@ -178,7 +178,8 @@ def test_two_training_steps_on_the_embedded_default(guess_model_dir, two_steps, 
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines[1:]:
         assert m["episode/opened"] == 4 and m.get("episode/failed", 0) == 0
-    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    rollouts = tmp_path / "run" / "rollouts" / "step_000002.jsonl"
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
     assert len(records) == 4
     for r in records:
         state, turns = r["state"], r["turn_texts"]
