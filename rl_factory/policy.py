@@ -2,8 +2,9 @@
 
 `model.path` is a Hugging Face hub id, a local directory, or `builtin:<name>` for a model the
 project builds itself (the registry `BUILTIN_MODELS`; `builtin:tiny-calculator` is the embedded
-default). Weights stay fp32 so AdamW updates keep full precision; on GPU, compute runs under bf16
-autocast for checkpoints published in half precision (`model.dtype=auto`).
+default, `builtin:tiny-guess` plays examples/guess). Weights stay fp32 so AdamW updates keep full
+precision; on GPU, compute runs under bf16 autocast for checkpoints published in half precision
+(`model.dtype=auto`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from rl_factory.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
 register_builtin_model = BUILTIN_MODELS.register
+# The tokenizer each builtin model would have, made in about a second without training it (`--doctor`)
+BUILTIN_TOKENIZERS: Registry[Callable[..., Any]] = Registry("builtin tokenizer")
+register_builtin_tokenizer = BUILTIN_TOKENIZERS.register
 
 
 @register_builtin_model("tiny-calculator")
@@ -29,6 +33,30 @@ def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
     # Always built on the CPU: the same seed gives the same model on every machine (GPU kernels
     # would give a slightly different one), and the build takes about two minutes either way.
     return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
+
+
+@register_builtin_tokenizer("tiny-calculator")
+def _tiny_calculator_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
+
+    return tiny_tokenizer(tools, TinyModelConfig(seed=seed))
+
+
+@register_builtin_model("tiny-guess")
+def _tiny_guess(tools: list[dict], seed: int, log) -> Path:
+    from rl_factory.models.guess import GuessModelConfig, ensure_guess_model
+
+    # The number-guessing game of examples/guess: no tools (its template renders no tool preamble).
+    if tools:
+        raise ValueError("model.path=builtin:tiny-guess plays examples/guess, which has no tools: set env.tools=null")
+    return ensure_guess_model(GuessModelConfig(seed=seed), log=log)
+
+
+@register_builtin_tokenizer("tiny-guess")
+def _tiny_guess_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.guess import GuessModelConfig, guess_tokenizer
+
+    return guess_tokenizer(GuessModelConfig(seed=seed))
 
 
 @dataclass

@@ -231,11 +231,11 @@ async def token_stream(doc) -> str:
 def _tokenizer(doc):
     model, seed = doc.state["model"], int(doc.state["cfg"].seed)
     if model.path.startswith("builtin:"):
-        from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
-        from rl_factory.policy import BUILTIN_MODELS
+        from rl_factory.policy import BUILTIN_MODELS, BUILTIN_TOKENIZERS
 
-        BUILTIN_MODELS.lookup(model.path.split(":", 1)[1])
-        return tiny_tokenizer(doc.state["tools"], TinyModelConfig(seed=seed)), model.path
+        name = model.path.split(":", 1)[1]
+        BUILTIN_MODELS.lookup(name)
+        return BUILTIN_TOKENIZERS.lookup(name)(doc.state["tools"], seed), model.path
     from transformers import AutoTokenizer
 
     from rl_factory.hub import check_hub_model

@@ -66,14 +66,20 @@ def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log
     """Return the directory of the built model, building and caching it on first use."""
     cfg = cfg or TinyModelConfig()
     out = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
+    return cached_build(out, lambda tmp: build_tiny_model(tmp, tools, cfg, log=log, device=device),
+                        log, what="the embedded default model")
+
+
+def cached_build(out: Path, build, log=print, what: str = "a builtin model") -> Path:
+    """`out` if it holds a built model, else `build(tmp_dir)` and the result renamed to `out`."""
     if (out / "config.json").exists():
         return out
-    log(f"building the embedded default model (first use) into {out}")
+    log(f"building {what} (first use) into {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp dir and rename: a run killed mid-build never leaves a half-built cache.
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
     try:
-        build_tiny_model(tmp, tools, cfg, log=log, device=device)
+        build(tmp)
         os.replace(tmp, out)
     except OSError:
         if not (out / "config.json").exists():  # lost a race with a concurrent build: theirs is fine
@@ -130,13 +136,10 @@ def tiny_tokenizer(tools: list[dict], cfg: TinyModelConfig | None = None):
     return _tokenizer_and_transcripts(tools, cfg)[0]
 
 
-def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print, device: str = "cpu") -> None:
+def new_model(cfg, tokenizer, device: str = "cpu"):
+    """A freshly initialised Qwen3 of `cfg`'s shape (hidden_size, layers, heads, ...) for `tokenizer`."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    ws = cfg.warmstart
-    tokenizer, mechanics, decision = _tokenizer_and_transcripts(tools, cfg)
     model_cfg = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
@@ -144,7 +147,24 @@ def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=pri
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
-    model = Qwen3ForCausalLM(model_cfg).to(device)
+    return Qwen3ForCausalLM(model_cfg).to(device)
+
+
+def save_model(out: Path, model, tokenizer, build_info: dict) -> None:
+    """The model and tokenizer as a Hugging Face directory, plus `build.json` (how it was made)."""
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.cpu().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "build.json").write_text(json.dumps(build_info, indent=2))
+
+
+def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=print, device: str = "cpu") -> None:
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ws = cfg.warmstart
+    tokenizer, mechanics, decision = _tokenizer_and_transcripts(tools, cfg)
+    model = new_model(cfg, tokenizer, device)
     log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"vocab {len(tokenizer)}")
     fmt = ChatFormat(tokenizer, tools)
@@ -153,8 +173,4 @@ def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=pri
                     pad, log=log, name="warm start (tool mechanics)", stop_below=ws.mechanics_loss, decay=False)
     supervised_pass(model, [tokenize_transcript(fmt, m) for m in decision], ws.decision_steps, ws.decision_lr,
                     ws, pad, log=log, name="warm start (weak decision)")
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.cpu().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "build.json").write_text(json.dumps({"config": asdict(cfg), "tools": tools}, indent=2))
+    save_model(out, model, tokenizer, {"config": asdict(cfg), "tools": tools})

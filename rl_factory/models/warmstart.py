@@ -73,20 +73,25 @@ def transcript_texts(cfg: WarmStartConfig, tool_name: str, arg_name: str,
 
 
 def tokenize_transcript(fmt: ChatFormat, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Lay a transcript out exactly as the rollout would: prompt, generated turns (mask 1), observations."""
-    ids = fmt.prompt_ids(messages[:1])
+    """Lay a transcript out exactly as the rollout would: prompt, generated turns (mask 1), observations.
+
+    The prompt is everything before the first assistant message; an observation is the run of tool
+    (or environment: user) messages between two assistant turns.
+    """
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = fmt.prompt_ids(messages[:first])
     mask = [0] * len(ids)
-    rest = messages[1:]
+    rest = messages[first:]
     while rest:
         turn = fmt.assistant_ids(rest[0])
         ids += turn
         mask += [1] * len(turn)
-        tools = []
+        observed = []
         rest = rest[1:]
-        while rest and rest[0]["role"] == "tool":
-            tools.append(rest.pop(0))
-        if tools:
-            obs = fmt.observation_ids(tools)
+        while rest and rest[0]["role"] != "assistant":
+            observed.append(rest.pop(0))
+        if observed:
+            obs = fmt.observation_ids(observed)
             ids += obs
             mask += [0] * len(obs)
     return ids, mask
