@@ -244,6 +244,7 @@ def test_v1_two_workers_arena_groups_meet_and_stdio_servers_stop(ray_cluster, ve
     import csv
     import json
     import os
+    import sys
     from pathlib import Path
 
     import ray.cloudpickle
