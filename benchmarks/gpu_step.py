@@ -3,6 +3,8 @@
     python benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5            # random init, builtin tokenizer
     python benchmarks/gpu_step.py --model /path/to/hf_model --steps 5
     python benchmarks/gpu_step.py --model <tiny model dir> --agent-loop verl_tool_agent   # verl's own loop
+    python benchmarks/gpu_step.py --shape qwen3-0.6b --gpus 2 --tp 1 --batch 32 --no-ceilings   # 2 GPUs
+    python benchmarks/gpu_step.py --shape qwen3-0.6b --gpus 2 --cfg-job    # compose only (no GPU needed)
 
 It runs `bash main_grpo.sh trainer.backend=verl` for `--steps` steps of the calculator tool task (16
 prompts x 8 rollouts, `--max-response-tokens` per turn, no validation, no checkpoint), reads the run's
@@ -19,6 +21,10 @@ GPU, on the same model and the same token counts:
 
 Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
+`--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
+the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
+`--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
+config-only directory) and prints the tuned settings: the CPU check of a GPU command.
 `--shape`: qwen3-0.6b / qwen3-4b are Qwen3's layer shapes with the builtin tokenizer's small vocabulary
 (so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against).
 """
@@ -61,21 +67,49 @@ def builtin_tokenizer_dir() -> Path:
     return Path(resolve_model_path("builtin:tiny-calculator", asyncio.run(tools()), 0, log=lambda *a: None))
 
 
+def shape_config(shape: str, tok):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id, **SHAPES[shape])
+
+
+def shape_config_dir(shape: str, out: Path) -> Path:
+    """config.json and tokenizer of `shape`, no weights: enough for `--cfg job` and the tuning plan.
+
+    Its own directory: a `model-<shape>` with a config but no weights would pass for a built model.
+    """
+    import asyncio
+
+    from rl_factory.components import EnvConfig, open_env
+    from rl_factory.models.tiny import tiny_tokenizer
+
+    target = out / f"config-{shape}"
+    if not (target / "config.json").exists():
+        async def tools():
+            async with open_env(EnvConfig(tools=str(ROOT / "configs/tools/calculator.yaml"))) as env:
+                return await env.list_tools()
+
+        tok = tiny_tokenizer(asyncio.run(tools()))  # the builtin model's tokenizer, without training it
+        shape_config(shape, tok).save_pretrained(target)
+        tok.save_pretrained(target)
+    return target
+
+
 def build_shape(shape: str, out: Path) -> Path:
     """A randomly initialized Qwen3 of `shape` with the builtin tokenizer and chat template (bf16)."""
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     target = out / f"model-{shape}"
     if (target / "config.json").exists():
         return target
     source = builtin_tokenizer_dir()
     tok = AutoTokenizer.from_pretrained(source)
-    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **SHAPES[shape])
+    cfg = shape_config(shape, tok)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -89,7 +123,8 @@ def build_shape(shape: str, out: Path) -> Path:
 
 
 def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
-    out = [f"model.path={model}", "trainer.backend=verl", "trainer.n_gpus_per_node=1", f"trainer.total_steps={args.steps}",
+    out = [f"model.path={model}", "trainer.backend=verl", f"trainer.n_gpus_per_node={args.gpus}",
+           f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.tp}", f"trainer.total_steps={args.steps}",
            f"trainer.output_dir={run_dir}", f"data.train_batch_size={args.batch}", f"rollout.n={args.n}",
            f"rollout.max_response_tokens={args.max_response_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
            f"env.max_turns={args.max_turns}", "trainer.resume=never", "trainer.val_before_train=false",
@@ -261,13 +296,15 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--model", help="a Hugging Face model directory")
     which.add_argument("--shape", choices=sorted(SHAPES), help="a random-init Qwen3 shape with the builtin tokenizer")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node (trainer.n_gpus_per_node)")
+    ap.add_argument("--tp", type=int, default=1, help="vLLM tensor parallel size: --gpus / --tp replicas")
+    ap.add_argument("--batch", type=int, default=16, help="prompts per step, over all GPUs")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-response-tokens", type=int, default=256)
     ap.add_argument("--max-total-tokens", type=int, default=512)
@@ -276,21 +313,66 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--agent-loop", choices=["rl_factory", "verl_tool_agent"], default="rl_factory")
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--cfg-job", action="store_true", help="compose the command only (main_grpo.sh --cfg job)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
     ap.add_argument("--ceiling", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.gpus < 1 or args.tp < 1 or args.gpus % args.tp:
+        ap.error(f"--gpus {args.gpus} must be a multiple of --tp {args.tp} (each vLLM replica spans --tp GPUs)")
+    if args.gpus > 1:  # the ceilings are one-GPU measurements; benchmarks/scaling.py compares with a one-GPU run
+        args.no_ceilings = True
+    return args
+
+
+TUNED_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
+              "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_fused_kernels",
+              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.gpu_memory_utilization",
+              "actor_rollout_ref.rollout.cudagraph_capture_sizes")
+
+
+def cfg_job(args: argparse.Namespace, out: Path) -> dict:
+    """The command this invocation would launch, composed by `main_grpo.sh ... --cfg job` (no GPU, no Ray)."""
+    import yaml
+
+    model = shape_config_dir(args.shape, out) if args.shape else Path(args.model) if args.model else None
+    if model is None:  # the builtin model: --cfg job composes it without building it
+        model = "builtin:tiny-calculator"
+    overrides = verl_overrides(args, model, out / "run-cfg-job")
+    proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *overrides, "--cfg", "job"], cwd=ROOT,
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+    result = {"bench": "gpu_step_cfg_job", "shape": args.shape, "gpus": args.gpus, "tp": args.tp, "batch": args.batch,
+              "exit_code": proc.returncode, "command": ["bash", "main_grpo.sh", *overrides]}
+    if proc.returncode != 0:
+        return {**result, "error": proc.stderr[-1500:]}
+    cfg = yaml.safe_load(proc.stdout)
+    return {**result, "replicas": args.gpus // _select(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+            "tuned": {k: _select(cfg, k) for k in TUNED_KEYS}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.ceiling:
         fn = {"vllm": ceiling_vllm, "train": ceiling_train}[args.ceiling]
         Path(args.result).write_text(json.dumps(fn(json.loads(args.spec))))
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cfg_job:
+        result = cfg_job(args, out)
+        print(json.dumps(result))
+        sys.exit(0 if result["exit_code"] == 0 else 1)
     model = build_shape(args.shape, out) if args.shape else Path(args.model) if args.model else builtin_tokenizer_dir()
     tag = f"{args.shape or model.name}-{args.agent_loop}" + (f"-lora{args.lora_rank}" if args.lora_rank else "")
+    tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
     lines, wall = run_verl(args, model, run_dir)
     numbers = step_numbers(lines)
@@ -303,7 +385,8 @@ def main() -> None:
     gen_tokens = sum(lengths["generated"]) / max(1, len({m["step"] for m in lines if m["step"] >= 2}))
     result = {
         "bench": "gpu_step", "model": str(model), "shape": args.shape, "agent_loop": args.agent_loop,
-        "lora_rank": args.lora_rank, "steps": args.steps, "trajectories_per_step": trajectories,
+        "lora_rank": args.lora_rank, "gpus": args.gpus, "tp": args.tp, "batch": args.batch, "n": args.n,
+        "steps": args.steps, "trajectories_per_step": trajectories,
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
         "phases": {
@@ -316,12 +399,9 @@ def main() -> None:
             "update_weights": {"s": numbers["update_weights"]}, "reward": {"s": numbers["reward"]},
         },
         "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"]},
-        "tuned": {k: _select(cfg, k) for k in (
-            "actor_rollout_ref.model.override_config.attn_implementation",
-            "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_fused_kernels",
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.gpu_memory_utilization")},
+        "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
     }
-    if args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank:
+    if args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank and args.gpus == 1:
         result["baseline_step_s"] = BASELINE_STEP_S[args.shape]
         result["speedup_vs_baseline"] = BASELINE_STEP_S[args.shape] / numbers["step"]
     if not args.no_ceilings and lengths["total"]:

@@ -5,6 +5,15 @@
 #                                            # verl checkpoint -> model merger -> main_eval.sh on the GPU
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
 #   bash benchmarks/gpu_suite.sh large       # 4B shape full fine-tuning and LoRA; 8 turns of ~1k-token observations
+# Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
+#   bash benchmarks/gpu_suite.sh two_gpu [one] [tp1] [tp2]  # 0.6B shape: 1 GPU (16 prompts), 2 GPUs with two vLLM
+#                                            # replicas, then with tensor parallel 2 (32 prompts: the same work per
+#                                            # GPU); default all three; then the scaling efficiency of what is in $RESULTS
+#   bash benchmarks/gpu_suite.sh two_gpu_checks  # arena job on 2 GPUs killed after its first checkpoint and started
+#                                            # again: groups once each, servers per worker and none left, resume
+#   bash benchmarks/gpu_suite.sh two_gpu_arena   # (the same without the kill: one launch)
+#   bash benchmarks/gpu_suite.sh two_gpu_resume  # (the default grpo job: kill after the first checkpoint, restart)
+#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, and every two_gpu* command composed with --cfg job
 #   bash benchmarks/gpu_suite.sh collect DIR # results + logs (no weights) into DIR/gpu_suite.tgz
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
@@ -42,7 +51,49 @@ print(json.dumps({"bench": "verl_learn", "run": name, "exit_code": code, "traceb
 PY
 }
 
+# ---- two GPUs -----------------------------------------------------------------------------------------
+JOB_TIMEOUT=${JOB_TIMEOUT:-480}        # seconds per verl job: the steps logged by then are still measured
+TWO_GPU_BATCH=${TWO_GPU_BATCH:-32}     # prompts per step on 2 GPUs (16 = the same step split in two)
+CHECK=0 FAILED=0
+run_line() {  # a command that prints one JSON line: shown and appended to $RESULTS; under `check`, composed only
+  if [ "$CHECK" = 1 ]; then
+    "$@" --cfg-job || FAILED=1
+  else
+    "$@" | tee -a "$RESULTS"
+  fi
+}
+two_gpu_part() {
+  local step=($PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --no-ceilings --timeout "$JOB_TIMEOUT" --out outputs/gpu_suite)
+  case $1 in
+    one) run_line "${step[@]}" --gpus 1 --batch 16 ;;
+    tp1) run_line "${step[@]}" --gpus 2 --tp 1 --batch "$TWO_GPU_BATCH" ;;
+    tp2) run_line "${step[@]}" --gpus 2 --tp 2 --batch "$TWO_GPU_BATCH" ;;
+    *) echo "two_gpu: unknown part '$1' (one, tp1, tp2)" >&2; exit 2 ;;
+  esac
+}
+two_gpu_job() {  # name, two_gpu_checks.py options
+  local name=$1; shift
+  run_line $PY benchmarks/two_gpu_checks.py --gpus 2 --timeout 520 --out "outputs/gpu_suite/$name" "$@"
+}
+
 case "${1:-}" in
+  two_gpu)
+    shift
+    parts=("$@")
+    [ ${#parts[@]} -eq 0 ] && parts=(one tp1 tp2)
+    for part in "${parts[@]}"; do two_gpu_part "$part"; done
+    $PY benchmarks/scaling.py "$RESULTS" | tee -a "$RESULTS" ;;
+  two_gpu_checks) two_gpu_job two_gpu_checks --advantage arena --kill-after-checkpoint ;;
+  two_gpu_arena) two_gpu_job two_gpu_arena --advantage arena ;;
+  two_gpu_resume) two_gpu_job two_gpu_resume --advantage grpo --kill-after-checkpoint ;;
+  check)  # on any machine: what the two_gpu groups launch, composed by main_grpo.sh --cfg job (no GPU, no Ray)
+    bash -n "$0" || exit 1
+    CHECK=1
+    for part in one tp1 tp2; do two_gpu_part "$part"; done
+    two_gpu_job check_checks --advantage arena --kill-after-checkpoint
+    two_gpu_job check_resume --advantage grpo --kill-after-checkpoint
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu command composes" || echo "check: FAILED" >&2
+    exit "$FAILED" ;;
   step)
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
   learn)
@@ -77,6 +128,6 @@ case "${1:-}" in
         --exclude='model-*' --exclude='checkpoints' --exclude='hf' outputs/gpu_suite
     cp "$RESULTS" "$2/" 2>/dev/null; exit 0 ;;
   *)
-    sed -n 2,12p "$0"; exit 2 ;;
+    sed -n '2,/^set /p' "$0" | grep '^#'; exit 2 ;;
 esac
 echo "results: $RESULTS"

@@ -92,15 +92,20 @@ class GroupArena:
                 writer.writeheader()
                 writer.writerows(kept)
 
-    async def score_groups(self, groups: list[Group], step: int, anchors: list[Group] | None = None
-                           ) -> tuple[list[float], dict[str, float]]:
-        """Play every group's tournament; returns ([N] scores in group-then-trajectory order, metrics)."""
+    async def score_groups(self, groups: list[Group], step: int, anchors: list[Group] | None = None,
+                           group_ids: list[Any] | None = None) -> tuple[list[float], dict[str, float]]:
+        """Play every group's tournament; returns ([N] scores in group-then-trajectory order, metrics).
+
+        `group_ids` name the groups in rankings.csv / matches.csv (default: their index in this call).
+        The verl backend plays one group per call in each agent-loop worker and passes verl's uid of the
+        prompt, so a step's groups stay apart across calls and workers.
+        """
         if self.needs_greedy_anchor and anchors is None:
             raise ValueError("arena.anchor=greedy needs one greedy anchor rollout per group")
         anchor_trajs = [a.trajectories[0] for a in anchors] if anchors else [None] * len(groups)
         results = await asyncio.gather(*(self._tournament(g, a) for g, a in zip(groups, anchor_trajs)))
         if self.rankings is not None:
-            self._write(step, groups, results)
+            self._write(step, groups, results, list(range(len(groups))) if group_ids is None else group_ids)
         return [s for r in results for s in r.scores], self._metrics(groups, results)
 
     async def _tournament(self, group: Group, anchor: Trajectory | None) -> TournamentResult:
@@ -131,17 +136,17 @@ class GroupArena:
             return Candidate(answer=answer, reward_kwargs=kwargs)
         return None
 
-    def _write(self, step: int, groups: list[Group], results: list[TournamentResult]) -> None:
+    def _write(self, step: int, groups: list[Group], results: list[TournamentResult], ids: list[Any]) -> None:
         with self.rankings.open("a", newline="") as f:
             writer = csv.writer(f)
-            for gi, (group, result) in enumerate(zip(groups, results)):
+            for gi, group, result in zip(ids, groups, results):
                 for i in range(result.n):
                     record = result.record(i)
                     writer.writerow([step, gi, group.sample_index, i, record["matches"], record["wins"],
                                      record["losses"], result.ranks[i], round(result.scores[i], 6)])
         with self.matches.open("a", newline="") as f:
             writer = csv.writer(f)
-            for gi, (group, result) in enumerate(zip(groups, results)):
+            for gi, group, result in zip(ids, groups, results):
                 writer.writerows([step, gi, group.sample_index, m.a, m.b, round(m.score, 6)]
                                  for m in result.matches if m.b is not None and not m.failed)
 

@@ -1,5 +1,12 @@
-"""Our tool/* counters from the rollouts lines verl's workers write (pure: no verl import)."""
-from rl_factory.backends.verl.run_dir import tool_counts
+"""Our run directory on verl from the lines verl's workers write (pure: no verl import).
+
+tool/* counters, and a resumed run's metrics.jsonl: each step once, whatever the kill interrupted.
+"""
+import json
+
+import pytest
+
+from rl_factory.backends.verl.run_dir import RunDirLogger, tool_counts, write_part
 
 
 def _line(*results):
@@ -21,3 +28,92 @@ def test_garbled_calls_are_pooled_not_keyed_by_whatever_name_the_model_wrote():
 def test_the_manifest_names_decide_when_given():
     counts = tool_counts([_line(("calculator", "parse"))], tool_names={"calculator"})
     assert counts["tool/calculator/errors/parse"] == 1
+
+
+# ---- resume: verl saves step k before logging it, and re-validates step k after restoring it ----
+
+def _record(reward, session=0):
+    return {"sample_index": 0, "session": session, "reward": reward, "num_turns": 2, "generated_tokens": 5,
+            "total_tokens": 20, "prompt_tokens": 15, "stop_reason": "stop", "tool_calls": [{"name": "calculator"}],
+            "tool_results": [{"name": "calculator", "error_kind": None, "latency_s": 0.01}]}
+
+
+def _logger(run, resume=True):
+    config = {"rl_factory": {"trainer": {"output_dir": str(run), "report": False}, "reward": {"success_threshold": 1.0}},
+              "trainer": {"resume_mode": "auto" if resume else "disable", "default_local_dir": str(run / "checkpoints")}}
+    return RunDirLogger(config)
+
+
+def _step(logger, run, step, reward, val=False):
+    write_part(run, "train", step, [_record(reward), _record(reward, 1)])
+    data = {"timing_s/step": 1.0, "training/global_step": step}
+    if val:
+        write_part(run, "val", step, [_record(1.0)])
+        data["val-core/rl_factory/reward/mean@1"] = 1.0
+    logger.log(data, step=step)
+
+
+def _checkpoint(run, step):
+    (run / "checkpoints").mkdir(exist_ok=True)
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
+def _lines(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("killed", ["after_log", "between_checkpoint_and_log", "in_the_next_step"])
+def test_a_resumed_run_keeps_each_step_once(tmp_path, killed):
+    """Steps 1-2 logged, checkpoint at 3; the kill lands after step 3's line, before it, or in step 4."""
+    run = tmp_path
+    first = _logger(run, resume=False)
+    write_part(run, "val", 0, [_record(0.0)])
+    first.log({"val-core/rl_factory/reward/mean@1": 0.0}, step=0)
+    _step(first, run, 1, 0.0)
+    _step(first, run, 2, 1.0)
+    _checkpoint(run, 3)
+    write_part(run, "train", 3, [_record(1.0), _record(0.0, 1)])  # step 3's rollouts are scored...
+    if killed != "between_checkpoint_and_log":
+        first.log({"timing_s/step": 1.0, "training/global_step": 3}, step=3)
+    if killed == "in_the_next_step":  # ...step 4 half done: some parts, its arena rows
+        write_part(run, "train", 4, [_record(0.0)])
+        (run / "arena" / "host-1").mkdir(parents=True)
+        (run / "arena" / "host-1" / "rankings.csv").write_text(
+            "step,group,prompt,rollout,matches,wins,losses,rank,score\n3,u3,0,0,1,1,0,1,1.0\n4,u4,0,0,1,1,0,1,1.0\n")
+        (run / "arena" / "host-1" / "metrics.jsonl").write_text('{"step": 3, "uid": "u3"}\n{"step": 4, "uid": "u4"}\n')
+    write_part(run, "val", 3, [_record(0.0)])  # a validation of step 3 the kill cut short
+    first.jsonl.close()
+
+    second = _logger(run)  # the restarted job: verl restored step 3
+    write_part(run, "val", 3, [_record(1.0)])  # val_before_train on the restored weights, logged at step 3
+    second.log({"val-core/rl_factory/reward/mean@1": 1.0}, step=3)
+    _step(second, run, 4, 1.0)
+    _step(second, run, 5, 1.0, val=True)
+    second.finish()
+
+    lines = _lines(run)
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 5]
+    three = lines[3]
+    assert three["reward/mean"] == 0.5 and three["val/reward/mean"] == 1.0  # its rollouts, the re-validation
+    assert ("timing/step_s" in three) == (killed != "between_checkpoint_and_log")  # verl's lost with the kill
+    assert lines[4]["reward/mean"] == 1.0 and lines[4]["tool/calls"] == 2  # the half-done step 4 is gone
+    assert len((run / "rollouts" / "step_000004.jsonl").read_text().splitlines()) == 2
+    assert len((run / "rollouts" / "step_000003.jsonl").read_text().splitlines()) == 2
+    assert not list((run / "rollouts" / ".parts").iterdir())
+    if killed == "in_the_next_step":
+        assert (run / "arena" / "host-1" / "rankings.csv").read_text().splitlines()[1:] == ["3,u3,0,0,1,1,0,1,1.0"]
+        assert (run / "arena" / "host-1" / "metrics.jsonl").read_text() == '{"step": 3, "uid": "u3"}\n'
+
+
+def test_a_resumed_validation_adds_to_its_step_and_changes_nothing_it_had(tmp_path):
+    run = tmp_path
+    first = _logger(run, resume=False)
+    _step(first, run, 1, 0.0, val=True)  # step 1 validated (val/reward/mean 1.0) and saved
+    _checkpoint(run, 1)
+    first.jsonl.close()
+    second = _logger(run)
+    write_part(run, "val", 1, [_record(0.0)])
+    second.log({"val-core/rl_factory/reward/mean@1": 0.0, "val-aux/extra": 2.0}, step=1)
+    second.finish()
+    (line,) = _lines(run)
+    assert line["step"] == 1 and line["val/reward/mean"] == 1.0 and line["val-aux/extra"] == 2.0

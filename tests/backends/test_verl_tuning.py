@@ -99,3 +99,85 @@ def test_a_checkout_that_is_not_installed_is_refused_before_ray_starts(monkeypat
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
     with pytest.raises(ConfigError, match="not installed as a package"):
         check_plugin("grpo", "ppo_clip")
+
+
+# ---- two GPUs: FSDP over 2 ranks, two vLLM replicas (tensor parallel 1) or one (tensor parallel 2) ----
+
+QWEN3_8B = ModelShape(params=8_190_735_360, layers=36, hidden=4096, heads_dim=4096, kv_dim=1024,
+                      intermediate=12288, vocab=151936)
+
+
+def _static_gib(reasons):
+    line = next(r for r in reasons if r.startswith("actor_rollout_ref.rollout.gpu_memory_utilization"))
+    return int(line.rsplit("beside ", 1)[1].split(" GiB")[0])
+
+
+def test_two_gpus_halve_the_sharded_training_state_per_gpu():
+    one = plan(QWEN3_4B, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=False)
+    two = plan(QWEN3_4B, gpus=2, gpu_total=H200, longest_sequence=2048, lora=False, critic=False)
+    # 16 B/param of fp32 weights, grads and Adam moments are sharded; one gathered layer and the CUDA context are not
+    assert _static_gib(one.reasons) - _static_gib(two.reasons) == pytest.approx(8 * QWEN3_4B.params / GIB, abs=1)
+    # so vLLM gets its full share back beside the trainer on each GPU (0.45 on one)
+    assert one.values["actor_rollout_ref.rollout.gpu_memory_utilization"] < 0.6
+    assert two.values["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.6
+    # the 0.6B shape needs no checkpointing either way, and keeps the full micro-batch
+    v = _values(QWEN3_06B, gpus=2)
+    assert v["actor_rollout_ref.model.enable_gradient_checkpointing"] is False
+    assert v["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 32768
+
+
+def test_an_8b_model_that_one_h200_cannot_train_fits_on_two():
+    with pytest.raises(ModelDoesNotFit, match="n_gpus_per_node"):
+        _values(QWEN3_8B, gpus=1)
+    v = _values(QWEN3_8B, gpus=2)
+    assert v["actor_rollout_ref.model.enable_gradient_checkpointing"] is True
+    assert 0.1 <= v["actor_rollout_ref.rollout.gpu_memory_utilization"] < 0.6
+
+
+@pytest.mark.parametrize("gpus, tp, dp, replicas", [(1, 1, 1, 1), (2, 1, 1, 2), (2, 2, 1, 1), (8, 2, 2, 2)])
+def test_replicas_are_gpus_over_a_replicas_size_and_share_the_steps_trajectories(gpus, tp, dp, replicas):
+    from omegaconf import OmegaConf
+
+    from rl_factory.backends.verl.config import _rollout_concurrency, rollout_replicas
+
+    cfg = OmegaConf.create({"trainer": {"n_gpus_per_node": gpus, "nnodes": 1}, "data": {"train_batch_size": 16},
+                            "actor_rollout_ref": {"rollout": {"n": 8, "tensor_model_parallel_size": tp,
+                                                              "data_parallel_size": dp,
+                                                              "pipeline_model_parallel_size": 1}}})
+    assert rollout_replicas(cfg) == replicas
+    assert _rollout_concurrency(cfg) == 16 * 8 // replicas
+
+
+@pytest.mark.parametrize("argv, replicas, top_graph", [
+    (["--gpus", "1"], 1, 128),                               # the one-GPU baseline: 16 x 8 on one replica
+    (["--gpus", "2", "--tp", "1", "--batch", "32"], 2, 128),  # twice the prompts over two replicas
+    (["--gpus", "2", "--tp", "2", "--batch", "32"], 1, 256),  # one replica over both GPUs
+    (["--gpus", "2", "--tp", "1"], 2, 64),                    # the same 16 x 8 over two replicas
+])
+def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, monkeypatch, argv, replicas, top_graph):
+    """benchmarks/gpu_step.py's exact overrides, composed as main_grpo.sh does, planned for an H200."""
+    pytest.importorskip("verl")
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    import rl_factory.backends.verl.config as verl_config
+    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from rl_factory.backends.verl.config import compose_verl, rollout_replicas
+    from rl_factory.backends.verl.launcher import absolute
+    from rl_factory.config import load_config, split_overrides
+
+    monkeypatch.setattr(verl_config, "gpu_bytes", lambda: (H200, True))
+    args = parse_args(["--shape", "qwen3-0.6b", "--no-ceilings", *argv])
+    model = shape_config_dir("qwen3-0.6b", tmp_path)
+    ours, raw = split_overrides(verl_overrides(args, model, tmp_path / "run"))
+    cfg = compose_verl(absolute(load_config("grpo", ours)), raw,
+                       {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
+    OmegaConf.resolve(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert cfg.trainer.n_gpus_per_node == args.gpus and rollout_replicas(cfg) == replicas
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == args.tp
+    assert cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes[-1] == top_graph
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768

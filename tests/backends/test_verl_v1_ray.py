@@ -193,3 +193,167 @@ def test_v1_step_with_per_episode_servers(ray_cluster, episodes):
 def _extra_fields(data, i) -> dict:
     value = data["extra_fields"][i]
     return getattr(value, "data", value)
+
+
+# ---- two agent-loop workers, four prompts: ArenaRL groups and stdio servers per worker ------------
+# Self-contained (its own data, manifest, server and step helper) so that it does not depend on how
+# the module's rollout_step or the ray fixture are organised.
+
+PRODUCTS = [(347, 29), (58, 71), (123, 45), (19, 88)]
+
+
+def _calculator_script(a: int, b: int, right: bool) -> list[str]:
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
+    return [call, f"The answer is {a * b if right else 5}."]
+
+
+class PerPromptServer(ScriptedServer):
+    """Scripts chosen by the question in the prompt: a prompt's 2nd session answers wrong, the others right.
+
+    Each agent-loop worker gets its own copy (verl pickles the client into every worker); the counter
+    counts the sessions of a question that reached this worker.
+    """
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, [])
+        self.seen: dict[tuple[int, int], int] = {}
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        if request_id not in self.order:
+            text = self.tokenizer.decode(prompt_ids)
+            a, b = next((a, b) for a, b in PRODUCTS if f"What is {a} * {b}?" in text)
+            k = self.seen.get((a, b), 0)
+            self.seen[(a, b)] = k + 1
+            self.scripts.append(_calculator_script(a, b, right=k != 1))
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+
+
+def _marked_servers(marker: str) -> dict[int, int]:
+    """pid -> parent pid of the live calculator servers started with RLF_TEST_MARK=<marker>."""
+    import os
+
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            if b"envs.servers.calculator" in cmdline and \
+                    f"RLF_TEST_MARK={marker}".encode() in open(f"/proc/{pid}/environ", "rb").read():
+                stat = open(f"/proc/{pid}/stat").read()
+                found[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    return found
+
+
+def test_v1_two_workers_arena_groups_meet_and_stdio_servers_stop(ray_cluster, verl_setup, tmp_path):
+    """4 prompts over 2 AgentLoopWorkerTQ actors with algorithm.advantage=arena.
+
+    verl chunks the batch of prompts (one row per uid) over its workers and each worker's `_run_prompt`
+    starts all n sessions of a uid itself (verl/trainer/ppo/v1/agent_loop_tq.py), so a group meets in
+    one worker. Checked from the outside: every uid finishes (a group split over workers would wait in
+    each for sessions that never come), every group's tournament is complete and in exactly one
+    worker's rankings.csv, both workers played, and each worker started its own calculator server,
+    which is gone once the workers are killed. `ray.kill` is what the end of a job does to them too
+    (Ray fate-shares its processes with the driver; no atexit handler runs): a stdio server ends when
+    its stdin closes with the worker (envs/servers/stdio.py), not through our env's close.
+    """
+    import csv
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    import ray.cloudpickle
+    import transfer_queue as tq
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.tokenizer import hf_tokenizer
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # PerPromptServer travels by value
+    marker = f"v1-two-workers-{os.getpid()}-{time.monotonic_ns()}"
+    manifest = tmp_path / "tools.yaml"
+    manifest.write_text(json.dumps({"mcpServers": {"calculator": {
+        "command": "python", "args": ["-m", "envs.servers.calculator"], "env": {"RLF_TEST_MARK": marker}}}}))
+    data = tmp_path / "four.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n"
+                            for a, b in PRODUCTS))
+    cfg, files = verl_setup("algorithm.advantage=arena", f"data.train_files={data}", f"env.tools={manifest}")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 2)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    uids = [f"prompt-{i}" for i in range(len(PRODUCTS))]
+    n = cfg.actor_rollout_ref.rollout.n
+
+    tq.init(cfg.transfer_queue)
+    manager = reward_worker = None
+    try:
+        reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
+        server = PerPromptServer(hf_tokenizer(cfg.actor_rollout_ref.model.path))
+        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=server, teacher_client=None,
+                                            reward_loop_worker_handles=[reward_worker])
+        workers = manager.agent_loop_workers
+        assert len(workers) == 2
+        worker_pids = set(ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in workers]))
+        batch_dict = load_rows(cfg, files)
+        assert len(batch_dict["index"]) == len(uids)
+        batch_dict["uid"] = np.array(uids, dtype=object)
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", 1)
+        tq.kv_batch_put(keys=uids, partition_id="train",
+                        tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(uids))
+        manager.generate_sequences(batch)
+        deadline, status = time.time() + 240, {}
+        while time.time() < deadline:
+            listing = tq.kv_list(partition_id="train").get("train", {})
+            status = {u: listing.get(u, {}).get("status") for u in uids}
+            if all(s in ("finished", "failure") for s in status.values()):
+                break
+            time.sleep(0.5)
+        assert status == dict.fromkeys(uids, "finished")
+        listing = tq.kv_list(partition_id="train").get("train", {})
+        keys = sorted(k for k in listing if k not in uids and k.rsplit("_", 2)[0] in uids)
+        assert keys == [f"{u}_{s}_0" for u in uids for s in range(n)]
+        data_out = tq.kv_batch_get(keys=keys, partition_id="train")
+        scores = [float(data_out["rm_scores"][i].sum()) for i in range(len(keys))]
+        adv = advantages(cfg, keys)
+
+        # each worker runs its own calculator server (started by its WorkerState), one per worker
+        servers = _marked_servers(marker)
+        assert sorted(servers.values()) == sorted(worker_pids), (servers, worker_pids)
+    finally:
+        for handle in ([*manager.agent_loop_workers] if manager else []) + ([reward_worker] if reward_worker else []):
+            ray.kill(handle)
+        tq.close()
+
+    # the tournaments: each uid's n sessions met (the wrong one is the 2nd to reach its worker)
+    answers = _decoded_answers(cfg, data_out)
+    for g, (u, (a, b)) in enumerate(zip(uids, PRODUCTS)):
+        rows = range(g * n, (g + 1) * n)
+        right = [str(a * b) in answers[i].rsplit("answer is", 1)[-1] for i in rows]
+        assert sorted(right) == [False] + [True] * (n - 1), (u, [answers[i] for i in rows])
+        wrong = [i for i, r in zip(rows, right) if not r][0]
+        assert all(scores[i] > scores[wrong] for i in rows if i != wrong)
+        assert all((adv[i] > 0) == r for i, r in zip(rows, right)) and abs(sum(adv[i] for i in rows)) < 1e-5
+
+    # rankings.csv: one file per worker process, both workers played, every group exactly once and complete
+    run = Path(cfg.rl_factory.trainer.output_dir)
+    files_by_worker = sorted((run / "arena").glob("*/rankings.csv"))
+    assert {int(p.parent.name.rsplit("-", 1)[1]) for p in files_by_worker} == worker_pids
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for path in files_by_worker:
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                groups.setdefault(row["group"], []).append((path.parent.name, row))
+    assert sorted(groups) == uids  # verl's uid names the group
+    for u, rows in groups.items():
+        assert len({w for w, _ in rows}) == 1, f"{u} played in several workers"
+        assert sorted(int(r["rollout"]) for _, r in rows) == list(range(n))
+        assert {r["step"] for _, r in rows} == {"1"}
+        assert all(int(r["matches"]) == n - 1 for _, r in rows)  # round robin: everyone met everyone
+    assert len({w for rows in groups.values() for w, _ in rows}) == 2  # and both workers played
+
+    # and no calculator server outlives its worker
+    deadline = time.time() + 15
+    while _marked_servers(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _marked_servers(marker) == {}

@@ -194,12 +194,22 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
         raise ConfigError(str(exc)) from None
 
 
-def _rollout_concurrency(cfg: DictConfig) -> int:
-    """Trajectories one vLLM replica may decode at once: a step's prompts x n over the replicas."""
+def rollout_replicas(cfg: DictConfig) -> int:
+    """vLLM replicas verl starts: the GPUs over one replica's size (tensor x data x pipeline parallel,
+    as verl's RolloutReplica counts it), e.g. 2 GPUs: 2 replicas at tensor parallel 1, 1 at 2."""
     rollout = cfg.actor_rollout_ref.rollout
     gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    replicas = max(1, gpus // max(1, int(rollout.tensor_model_parallel_size)))
-    return -(-int(cfg.data.train_batch_size) * int(rollout.n) // replicas)
+    size = 1
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        size *= max(1, int(rollout.get(key, 1) or 1))
+    return max(1, gpus // size)
+
+
+def _rollout_concurrency(cfg: DictConfig) -> int:
+    """Trajectories one vLLM replica may decode at once: a step's prompts x n over the replicas
+    (verl's load balancer spreads the requests evenly)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return -(-int(cfg.data.train_batch_size) * int(rollout.n) // rollout_replicas(cfg))
 
 
 def _check_keys(base: DictConfig, parsed: list[Any]) -> None:

@@ -18,8 +18,8 @@ extra greedy rollout per prompt that verl does not schedule). Validation prompts
 
 A session whose rollout raised still reports (as None), so its siblings never wait forever; the
 tournament is played among the rollouts that finished. Rankings go to
-`<output_dir>/arena/<host>-<pid>/rankings.csv` (one file per worker process, same columns as the
-embedded run plus nothing else) and per-group `arena/*` metrics to `metrics.jsonl` beside it.
+`<output_dir>/arena/<host>-<pid>/rankings.csv` (one file per worker process, the embedded run's
+columns; `group` is verl's uid of the prompt, so each group appears once across the files) and per-group `arena/*` metrics to `metrics.jsonl` beside it.
 """
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ class ArenaGroups:
         await self.reward.use_tools(self.tools).wait([t for t in trajs if t.reward is None])
         if len(trajs) == 1:
             return {sessions[0]: 0.0}  # nobody to play; a group of one gets no advantage anyway
-        scores, metrics = await self.arena.score_groups([Group(trajs[0].sample_index, trajs)], step)
+        scores, metrics = await self.arena.score_groups([Group(trajs[0].sample_index, trajs)], step,
+                                                          group_ids=[uid])
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": step, "uid": uid, **metrics}) + "\n")
         return dict(zip(sessions, scores))

@@ -155,7 +155,7 @@ class PipelineGroups(ArenaGroups):
         await asyncio.gather(*(self._score(t) for t in trajs))
         dropped = {f.name: 0 for f in self.filters}
         kept, values, metrics = await apply_filters(self.filters, [Group(trajs[0].sample_index, trajs)],
-                                                    lambda groups: self._estimator_inputs(groups, step), dropped)
+                                                    lambda groups: self._estimator_inputs(groups, step, uid), dropped)
         survivors = {id(t): v for g in kept for t, v in zip(g.trajectories, values)}
         for s, t in zip(sessions, trajs):
             t.reward_info[GROUP_KEY] = float(s) if kept else 0.0
@@ -174,12 +174,13 @@ class PipelineGroups(ArenaGroups):
         result = await compute_score(extra_info={RECORD_KEY: to_record(traj)}, rl_factory=self.reward_settings)
         traj.reward, traj.reward_info = float(result["score"]), dict(result)  # = verl's reward_extra_info
 
-    async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
+    async def _estimator_inputs(self, groups: list[Group], step: int, uid: str
+                                ) -> tuple[list[float], dict[str, float]]:
         if self.arena is None or not groups:
             return [t.reward for g in groups for t in g.trajectories], {}
         if len(groups[0].trajectories) == 1:
             return [0.0], {}  # nobody to play; a group of one gets no advantage anyway
-        return await self.arena.score_groups(groups, step)
+        return await self.arena.score_groups(groups, step, group_ids=[uid])
 
 
 def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:

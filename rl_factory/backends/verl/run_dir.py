@@ -15,6 +15,14 @@ comparisons and users' scripts read those. On verl the pieces of a step live in 
   backend's own `summarize_records`, maps verl's timing names onto ours, and appends one line to
   `metrics.jsonl`: our names plus every verl metric under its own name. After a validation step it
   rewrites `report.html` (rl_factory/report), as the embedded trainer does.
+
+A resumed run (verl restored checkpoint k) keeps each step one line, as the embedded backend does.
+verl saves step k's checkpoint *before* it validates and logs step k, and (with val_before_train)
+re-validates the restored weights at step k before training step k+1. So at start the logger drops
+everything of steps > k (metrics lines, rollouts parts, the arena/pipeline workers' rows: steps the
+killed run did not finish), writes step k's line from its rollouts if the killed run never logged it
+(our metrics only: verl's died with it), and merges the re-validation into step k's line, adding only
+the keys it lacks.
 """
 from __future__ import annotations
 
@@ -106,14 +114,30 @@ class RunDirLogger:
         self.out_dir = Path(ours["trainer"]["output_dir"])
         self.threshold = float(ours["reward"]["success_threshold"])
         self.report = bool(ours["trainer"].get("report", True))
-        resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
-        self.jsonl = JsonlLogger(self.out_dir, None, resume)
+        self.resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
+        if self.resume is not None:
+            drop_unfinished(self.out_dir, self.resume)
+        self.jsonl = JsonlLogger(self.out_dir, None, self.resume)
+        if self.resume is not None:
+            self._recover(self.resume - 1)
 
     def log(self, data: dict[str, Any], step: int) -> None:
+        line = {**self._ours(data, step)}
+        line.update({k: v for k, v in data.items() if k not in line})
+        if self.resume is not None and step < self.resume:
+            self._merge(line, step)  # the resumed run's validation of the checkpoint it restored
+        else:
+            self.jsonl.log(line, step=step)
+        if any(key.startswith("val/") for key in line):  # as the embedded trainer: at every validation
+            from rl_factory.run import RunDir
+
+            RunDir(self.out_dir).write_report(self.report)
+
+    def _ours(self, data: dict[str, Any], step: int, train: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         from rl_factory.evaluate import summarize_records
 
         metrics: dict[str, Any] = {}
-        train = gather(self.out_dir, "train", step)
+        train = gather(self.out_dir, "train", step) if train is None else train
         if train:
             metrics.update(summarize_records(train, self.threshold))
             metrics.update(tool_counts(train))
@@ -121,11 +145,39 @@ class RunDirLogger:
             val = gather(self.out_dir, "val", step)
             metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
         metrics.update(our_metrics(data))
-        self.jsonl.log({**metrics, **{k: v for k, v in data.items() if k not in metrics}}, step=step)
-        if any(key.startswith("val/") for key in metrics):  # as the embedded trainer: at every validation
-            from rl_factory.run import RunDir
+        return metrics
 
-            RunDir(self.out_dir).write_report(self.report)
+    def _recover(self, step: int) -> None:
+        """The restored checkpoint's step, if the killed run saved it but never logged it: our metrics
+        from its rollouts (verl's own metrics of that step are lost with the process)."""
+        path = self.jsonl.path
+        if path.exists() and any(_step_of(x) == step for x in path.read_text(encoding="utf-8").splitlines()):
+            return
+        train = gather(self.out_dir, "train", step)  # killed between its checkpoint and its log
+        done = self.out_dir / "rollouts" / f"step_{step:06d}.jsonl"
+        if not train and done.exists():  # killed between gathering and writing the line
+            train = [json.loads(x) for x in done.read_text(encoding="utf-8").splitlines() if x.strip()]
+        if train:
+            self.jsonl.log(self._ours({}, step, train), step=step)
+
+    def _merge(self, line: dict[str, Any], step: int) -> None:
+        """Step `step`'s line gets the keys it lacks (or is written, if nothing of that step is left)."""
+        from rl_factory.tracking import JsonlLogger, _json_value
+
+        self.jsonl.close()
+        path = self.jsonl.path
+        records = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+        old = next((r for r in records if r.get("step") == step), None)
+        line = {k: _json_value(v) for k, v in line.items() if k != "step"}
+        if old is None:
+            records.append({"step": step, **line})
+            records.sort(key=lambda r: r.get("step", 0))
+        else:
+            old.update({k: v for k, v in line.items() if k not in old})
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8")
+        tmp.replace(path)
+        self.jsonl = JsonlLogger(self.out_dir, None, None)
 
     def finish(self) -> None:
         self.jsonl.close()
@@ -139,6 +191,47 @@ def _resume_step(config: dict[str, Any]) -> int | None:
         return int(marker.read_text().strip()) + 1
     except (OSError, ValueError):
         return None
+
+
+def drop_unfinished(out_dir: Path, resume: int) -> None:
+    """What a killed run left of the steps a resumed run does again (>= `resume`): parts and arena rows.
+
+    Run when the resumed run's logger starts, before any of its workers writes (verl builds the logger
+    before it validates or rolls out). Step `resume - 1`'s train parts stay: that step finished (its
+    checkpoint is what was restored) but may not have been logged. Its validation parts go: verl
+    validates that step again.
+    """
+    parts = out_dir / PARTS_DIR
+    for part in parts.glob("*_step_*") if parts.is_dir() else []:
+        split, _, number = part.name.rpartition("_step_")
+        if number.isdigit() and (int(number) >= resume or (split == "val" and int(number) == resume - 1)):
+            shutil.rmtree(part, ignore_errors=True)
+    for where in ("arena", "pipeline"):  # the group stage's per-worker files (group.py, pipeline.py)
+        for path in (out_dir / where).glob("*/*"):
+            if path.suffix == ".csv":
+                _keep_rows(path, resume, csv_rows=True)
+            elif path.suffix == ".jsonl":
+                _keep_rows(path, resume, csv_rows=False)
+
+
+def _keep_rows(path: Path, resume: int, csv_rows: bool) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    if csv_rows:  # header, then rows whose first column is the step
+        kept = lines[:1] + [x for x in lines[1:] if not x.split(",", 1)[0].isdigit() or int(x.split(",", 1)[0]) < resume]
+    else:
+        kept = [x for x in lines if _step_of(x) is None or _step_of(x) < resume]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def install(tracking_cls: Any) -> None:
