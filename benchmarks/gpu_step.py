@@ -314,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--agent-loop", choices=["rl_factory", "verl_tool_agent"], default="rl_factory")
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--cfg-job", action="store_true", help="compose the command only (main_grpo.sh --cfg job)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only build the model (the shape or the builtin one) and exit: the jobs after it start warm")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
     ap.add_argument("--ceiling", help=argparse.SUPPRESS)
@@ -371,6 +373,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         sys.exit(0 if result["exit_code"] == 0 else 1)
     model = build_shape(args.shape, out) if args.shape else Path(args.model) if args.model else builtin_tokenizer_dir()
+    if args.prepare:
+        print(json.dumps({"bench": "gpu_step_prepare", "model": str(model)}))
+        return
     tag = f"{args.shape or model.name}-{args.agent_loop}" + (f"-lora{args.lora_rank}" if args.lora_rank else "")
     tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU measurement the README's verl table reports, on one GPU, one JSON line per measurement.
+# Each group below fits one 10-minute device call (a verl job spends ~5.5 min starting):
+#   bash benchmarks/gpu_suite.sh prepare     # build the builtin tiny model, the random-init shapes and the
+#                                            # long-context warm start once, before the jobs that use them
 #   bash benchmarks/gpu_suite.sh step        # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
-#   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together), then
-#                                            # verl checkpoint -> model merger -> main_eval.sh on the GPU
+#   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
+#   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
-#   bash benchmarks/gpu_suite.sh large       # 4B shape full fine-tuning and LoRA; 8 turns of ~1k-token observations
+#   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
+#   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
 # Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
 #   bash benchmarks/gpu_suite.sh two_gpu [one] [tp1] [tp2]  # 0.6B shape: 1 GPU (16 prompts), 2 GPUs with two vLLM
 #                                            # replicas, then with tensor parallel 2 (32 prompts: the same work per
@@ -96,6 +100,10 @@ case "${1:-}" in
     exit "$FAILED" ;;
   step)
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
+  prepare)
+    $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
+    $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1
+    $PY benchmarks/long_context.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1 ;;
   learn)
     # The builtin model is built once, here, before the jobs start: four jobs each building it at once on
     # the same cores took minutes per 25 warm-start steps (seen on the H200 host, 2026-12-01).
@@ -106,22 +114,25 @@ case "${1:-}" in
     # LoRA: rollout_probs_diff_mean (vLLM's sampling log-probs vs the actor's) stays small only if vLLM
     # samples the updated adapter after every step
     learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
-    wait
+    wait ;;
+  merge_eval)
     ckpt=$(ls -d outputs/gpu_suite/seed0/checkpoints/global_step_* | sort -V | tail -1)
     $PY -m verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \
-        > outputs/gpu_suite/merge.log 2>&1
+        > outputs/gpu_suite/merge.log 2>&1 || { tail -5 outputs/gpu_suite/merge.log; exit 1; }
     # the merger writes bf16; the tiny model is evaluated with fp32 compute on those weights
     bash main_eval.sh model.path=outputs/gpu_suite/seed0/hf model.device=cuda model.dtype=float32 \
          eval.output_dir=outputs/gpu_suite/seed0/eval > outputs/gpu_suite/eval.log 2>&1
-    $PY -c "import json; r = json.load(open('outputs/gpu_suite/seed0/eval/results.json')); print(json.dumps({'bench': 'verl_merged_eval', **r.get('metrics', r)}))" >> "$RESULTS" ;;
+    $PY -c "import json; r = json.load(open('outputs/gpu_suite/seed0/eval/results.json')); print(json.dumps({'bench': 'verl_merged_eval', 'checkpoint': '$ckpt', **r.get('metrics', r)}))" >> "$RESULTS" ;;
   compare)
     tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())")
     for loop in rl_factory verl_tool_agent; do
       $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop $loop --out outputs/gpu_suite >> "$RESULTS"
     done ;;
   large)
-    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS"
-    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --lora-rank 64 --lr 1e-5 --out outputs/gpu_suite >> "$RESULTS"
+    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS" ;;
+  large_lora)
+    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --lora-rank 64 --lr 1e-5 --out outputs/gpu_suite >> "$RESULTS" ;;
+  long)
     $PY benchmarks/long_context.py --shape qwen3-0.6b --steps 2 --out outputs/gpu_suite >> "$RESULTS" ;;
   collect)  # the results and every log (small files) into one archive under $2, e.g. the device's $OUT
     tar -czf "${2:?collect DIR}/gpu_suite.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.parquet' \

@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--warm-start-steps", type=int, default=60)
     ap.add_argument("--out", default=str(ROOT / "outputs" / "long_context"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
+    ap.add_argument("--prepare", action="store_true", help="only build the shape and its warm start, then exit")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(args.out)
@@ -119,6 +120,9 @@ def main() -> None:
     t0 = time.perf_counter()
     model = warm_start(build_shape(args.shape, out), manifest_tools(manifest), args.warm_start_steps, args.turns)
     warm_s = time.perf_counter() - t0
+    if args.prepare:
+        print(json.dumps({"bench": "long_context_prepare", "model": str(model), "s": round(warm_s, 1)}))
+        return
     run_args = argparse.Namespace(
         steps=args.steps, batch=16, n=8, max_response_tokens=64, max_total_tokens=9216, max_turns=args.turns,
         lora_rank=0, lr=1e-6, agent_loop="rl_factory", timeout=args.timeout,
