@@ -26,7 +26,8 @@ the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with
 `--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
 config-only directory) and prints the tuned settings: the CPU check of a GPU command.
 `--shape`: qwen3-0.6b / qwen3-4b are Qwen3's layer shapes with the builtin tokenizer's small vocabulary
-(so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against).
+(so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against; qwen3-4b keeps
+Qwen3's 151,936-row embedding: 4.0B parameters).
 """
 from __future__ import annotations
 
@@ -47,8 +48,11 @@ from benchmarks.stamp import stamp_lines  # noqa: E402
 SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B)
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
+    # with Qwen3's own vocabulary size (the builtin tokenizer uses its first ids): 4.0B parameters as the hub
+    # model, and vLLM's LoRA slot for the tied lm_head is sized as in real use (with the 635-token builtin
+    # vocabulary, smaller than the hidden size, vLLM 0.24's LoRA profile run failed on the H200, 2026-12-01)
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128),
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936),
 }
 # The same job before tuning (2026-12-01, one H200): 0.44B qwen3-0.6b shape, 16 x 8, 256 tokens a turn.
 BASELINE_STEP_S = {"qwen3-0.6b": 23.0}
@@ -70,9 +74,9 @@ def builtin_tokenizer_dir() -> Path:
 def shape_config(shape: str, tok):
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+    return Qwen3Config(max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, **SHAPES[shape])
+                       pad_token_id=tok.pad_token_id, **{"vocab_size": len(tok), **SHAPES[shape]})
 
 
 def shape_config_dir(shape: str, out: Path) -> Path:

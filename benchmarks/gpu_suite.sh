@@ -30,10 +30,12 @@ PY=${PYTHON:-python3}
 export PYTHON=$PY
 RESULTS=${RESULTS:-outputs/gpu_suite/results.jsonl}
 mkdir -p "$(dirname "$RESULTS")"
-# verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port, and two
-# agent-loop and reward workers each instead of eight (four jobs share the machine's CPU cores)
+# verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port, two
+# agent-loop and reward workers each instead of eight (four jobs share the machine's CPU cores), and vLLM
+# stays awake between steps: its sleep checks the whole GPU's free memory, so another job allocating at
+# that moment fails it ("Memory usage increased after sleeping": one of four seeds, H200, 2026-12-01)
 SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_init.include_dashboard=false
-        actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2"
+        actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 actor_rollout_ref.rollout.free_cache_engine=false"
 
 learn_run() {  # name, overrides...: one verl run of the default job; its summary as a JSON line
   local name=$1; shift
@@ -117,7 +119,7 @@ case "${1:-}" in
     wait ;;
   merge_eval)
     ckpt=$(ls -d outputs/gpu_suite/seed0/checkpoints/global_step_* | sort -V | tail -1)
-    $PY -m verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \
+    $PY -m rl_factory.backends.verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \
         > outputs/gpu_suite/merge.log 2>&1 || { tail -5 outputs/gpu_suite/merge.log; exit 1; }
     # the merger writes bf16; the tiny model is evaluated with fp32 compute on those weights
     bash main_eval.sh model.path=outputs/gpu_suite/seed0/hf model.device=cuda model.dtype=float32 \

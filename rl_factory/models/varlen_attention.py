@@ -115,6 +115,15 @@ def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
     return _varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the FlashAttention kernel computes in: it takes fp16/bf16 only. fp32 q/k/v arrive from an fp32
+    model, or under bf16 autocast once RoPE's fp32 cos/sin promote them; cast as transformers' flash_attention_2
+    does: to the autocast dtype, else bf16 (the output returns in the caller's dtype)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return dtype
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+
+
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                              value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None = None,
                              dropout: float = 0.0, sliding_window: int | None = None,
@@ -128,8 +137,11 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if indices is not None:
         q, k, v = q[indices], k[indices], v[indices]
     use_kernel = _varlen_attn is not None and query.is_cuda
-    out = (_kernel if use_kernel else _per_sequence)(*(
-        (q, k, v, cu, max_len, scaling, sliding_window) if use_kernel else (q, k, v, cu, scaling, sliding_window)))
+    if use_kernel:
+        half = kernel_dtype(q.dtype)
+        out = _kernel(q.to(half), k.to(half), v.to(half), cu, max_len, scaling, sliding_window).to(query.dtype)
+    else:
+        out = _per_sequence(q, k, v, cu, scaling, sliding_window)
     if indices is not None:
         full = out.new_zeros(batch * seq_len, heads, dim)
         full[indices] = out

@@ -1,5 +1,6 @@
 """A checkpoint in verl's FSDP format converts to Hugging Face format with the one command the README
-gives (verl's model merger), and main_eval.sh and the embedded backend load the result."""
+gives (verl's model merger, through rl_factory.backends.verl.model_merger), and main_eval.sh and the
+embedded backend load the result."""
 from __future__ import annotations
 
 import json
@@ -23,12 +24,19 @@ def test_verl_checkpoint_converts_and_evaluates(tmp_path, tiny_model_dir):
     assert save.returncode == 0, save.stderr[-2000:]
     assert (actor / "model_world_size_1_rank_0.pt").is_file() and (actor / "huggingface").is_dir()
 
+    assert json.loads((actor / "huggingface" / "config.json").read_text())["attn_implementation"] == "rl_factory_varlen"
+
     hf = tmp_path / "hf" / "step_1"
-    # The README's command, verbatim apart from the paths:
-    merge = subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                            "--local_dir", str(actor), "--target_dir", str(hf)], capture_output=True, text=True,
+    merge_args = ["merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(hf)]
+    # verl's merger alone cannot load a config naming our attention (what the H200 run showed) ...
+    plain = subprocess.run([sys.executable, "-m", "verl.model_merger", *merge_args], capture_output=True, text=True,
                            timeout=300)
+    assert plain.returncode != 0 and "rl_factory_varlen" in plain.stderr
+    # ... the README's command, verbatim apart from the paths, does, and leaves a plain HF config
+    merge = subprocess.run([sys.executable, "-m", "rl_factory.backends.verl.model_merger", *merge_args],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert merge.returncode == 0, merge.stderr[-2000:]
+    assert "attn_implementation" not in json.loads((hf / "config.json").read_text())
 
     from transformers import AutoModelForCausalLM
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()

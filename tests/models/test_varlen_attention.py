@@ -72,3 +72,12 @@ def test_boundaries_from_position_ids():
     pos = torch.tensor([[0, 1, 2, 0, 0, 1, 0, 1, 2, 3]])
     indices, cu, max_len = varlen.boundaries(pos, None, 1, 10, torch.device("cpu"))
     assert indices is None and cu.tolist() == [0, 3, 4, 6, 10] and max_len == 4
+
+
+def test_kernel_computes_in_half_precision_only():
+    """FlashAttention's varlen kernel takes fp16/bf16: fp32 inputs (an fp32 model, or RoPE under autocast) are
+    cast first, which the long-context warm start on the H200 needed ("FlashAttention only support fp16 and bf16")."""
+    from rl_factory.models.varlen_attention import kernel_dtype
+
+    assert kernel_dtype(torch.bfloat16) is torch.bfloat16 and kernel_dtype(torch.float16) is torch.float16
+    assert kernel_dtype(torch.float32) is torch.bfloat16
