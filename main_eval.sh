@@ -2,8 +2,9 @@
 # Evaluate a model or checkpoint with the same tools and reward as training (greedy by default):
 #   bash main_eval.sh model.path=outputs/calculator_grpo/checkpoints/step_000040
 #   bash main_eval.sh model.path=Qwen/Qwen3-0.6B eval.files=test.jsonl eval.n=4 eval.temperature=1.0
-# Prints accuracy, mean reward, average turns and tool-call success rate; writes results.json and
-# rollouts.jsonl to eval.output_dir (default: <checkpoint>/eval). Config: configs/eval.yaml.
+# Prints accuracy, mean reward, average turns, tool-call rates (with tools) and how episodes stopped
+# (with env.environment), and the failures by cause; writes results.json and rollouts.jsonl to
+# eval.output_dir (default: <checkpoint>/eval). Config: configs/eval.yaml.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 

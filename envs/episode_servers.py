@@ -21,6 +21,8 @@ crosses from one trajectory to the next.
   against `max_concurrency`.
 - A closing episode frees its slot at once (`free`); stopping its instance (`discard`) may finish later
   (envs.episode: a trajectory does not wait for a process to exit).
+- Logs: every instance's stderr goes to `<log_dir>/<name>.log` (all instances append to one file), or to
+  anonymous files until `log_to(dir)` moves them, as `ToolEnv.log_to` does for the run's servers.
 
 Stopping the env stops every instance, pooled or live, and cancels the pool's pending starts.
 """
@@ -102,6 +104,14 @@ class EpisodeServer:
         await asyncio.gather(*self._filling, return_exceptions=True)
         instances, self._instances, self._ready = list(self._instances), set(), []
         await asyncio.gather(*(c.stop() for c in instances), return_exceptions=True)
+
+    def log_to(self, directory: Any) -> None:
+        """Keep the stderr of every instance, started (pooled, live) or to come, in `<directory>/<name>.log`
+        from now on, after what each wrote so far (`MCPServerConnection.log_to`): like the run's shared
+        servers, per-episode ones start with anonymous logs and move once the run may write."""
+        self.log_dir = directory
+        for conn in list(self._instances):
+            conn.log_to(directory)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
         # Routing sends an episode's calls to its own instance; this is the run-wide env being asked.

@@ -35,7 +35,6 @@ import asyncio
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -51,13 +50,11 @@ from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
 from envs.parsers.safe_json import repair_text
 from envs.routes import (Route, argument_problem, build_routes, failure, render_result)  # noqa: F401 (re-export)
+from envs.tool_metrics import INVALID_TOOL_KEY, LOCAL_ERROR_KINDS, ToolMetrics  # noqa: F401 (re-export)
 from rl_factory.types import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
 
-# Failures decided here, before any server is contacted: they carry no latency.
-LOCAL_ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "too_many_calls")
-INVALID_TOOL_KEY = "_invalid"  # metrics bucket for names no server serves (keeps key count bounded)
 MAX_LISTED_TOOLS = 30
 
 
@@ -91,6 +88,7 @@ class ToolEnv:
         self._deferred: list[Any] = []  # closed episodes' teardowns, run once no episode is open (_later)
         self._closing: set[asyncio.Task] = set()  # closed episodes' processes being stopped
         self.episode_stats = EpisodeStats()
+        self._tool_metrics = ToolMetrics()
         self._routes: dict[str, Route] = {}
         self._schemas: list[dict[str, Any]] = []
         self._started = False
@@ -354,50 +352,24 @@ class ToolEnv:
         listed = ", ".join(names[:MAX_LISTED_TOOLS]) + (", ..." if len(names) > MAX_LISTED_TOOLS else "")
         return f"unknown tool '{name}'; available tools: {listed}"
 
-    # ---- metrics -------------------------------------------------------------------------------
+    # ---- metrics (envs.tool_metrics) ----------------------------------------------------------
 
     def reset_metrics(self) -> None:
         """Zero the cumulative counters (e.g. at each logging step)."""
-        self._counts: Counter[str] = Counter()
-        self._latency_sum, self._latency_n, self._latency_max = 0.0, 0, 0.0
+        self._tool_metrics.reset()
         self.episode_stats.reset()
         for server in self._episode_servers:
             server.pool_hits = 0
 
     def metrics(self) -> dict[str, float]:
-        """Cumulative counters since the last reset.
-
-        Keys: `tool/calls`, `tool/success_rate`, `tool/errors/<kind>`, `tool/<name>/calls`,
-        `tool/<name>/errors/<kind>` (names no server serves are pooled as `_invalid`),
-        `tool/cache_hits` and `tool/<name>/cache_hits` (when a cache answered),
-        `tool/latency_s/mean` and `/max` over calls that reached a server; for a run whose episodes
-        hold state (`episodic`), `episode/opened`, `episode/failed`, `episode/open_s/mean` and `/max`,
-        `episode/close_s/mean` and `episode/pool_hits` (episodes that took a warm-pool instance).
+        """Cumulative counters since the last reset: the `tool/*` keys of `ToolMetrics.metrics` and, for a
+        run whose episodes hold state (`episodic`), `episode/opened`, `episode/failed`, `episode/open_s/mean`
+        and `/max`, `episode/close_s/mean` and `episode/pool_hits` (episodes that took a warm-pool instance).
         """
-        out = {k: float(v) for k, v in self._counts.items() if k != "tool/successes"}
-        out["tool/calls"] = float(self._counts["tool/calls"])
-        if self._counts["tool/calls"]:
-            out["tool/success_rate"] = self._counts["tool/successes"] / self._counts["tool/calls"]
-        if self._latency_n:
-            out["tool/latency_s/mean"] = self._latency_sum / self._latency_n
-            out["tool/latency_s/max"] = self._latency_max
+        out = self._tool_metrics.metrics()
         if self.episodic:
             out.update(self.episode_stats.metrics(sum(s.pool_hits for s in self._episode_servers)))
         return out
 
     def _record(self, result: ToolResult) -> None:
-        name = result.call.name if result.call.name in self._routes else INVALID_TOOL_KEY
-        self._counts["tool/calls"] += 1
-        self._counts[f"tool/{name}/calls"] += 1
-        if result.ok:
-            self._counts["tool/successes"] += 1
-        else:
-            self._counts[f"tool/errors/{result.error_kind}"] += 1
-            self._counts[f"tool/{name}/errors/{result.error_kind}"] += 1
-        if result.cached:
-            self._counts["tool/cache_hits"] += 1
-            self._counts[f"tool/{name}/cache_hits"] += 1
-        elif result.error_kind not in LOCAL_ERROR_KINDS:
-            self._latency_sum += result.latency_s
-            self._latency_n += 1
-            self._latency_max = max(self._latency_max, result.latency_s)
+        self._tool_metrics.record(result, self._routes)

@@ -10,7 +10,10 @@ same files.
   applies of: episode failed (its episode did not open, or its environment raised: nothing ran),
   truncated (the token budget cut it), malformed call (a call the parser could not read),
   tool error (a call failed: unknown tool, bad arguments, timeout, server error, crash), no tool call
-  (the task has tools and none was called), wrong answer (everything ran; the answer scored low).
+  (the task has tools and none was called), then by how it stopped (`stop_reason`): not solved in
+  max_turns (the turns ran out: the model still calling tools, or an environment still answering),
+  ended by the environment (it ended the episode, `env_done`, and the episode scored low), wrong answer
+  (the model answered and the answer scored low).
 - `bootstrap_diff`: the difference of a per-row mean between two evaluations with a percentile
   bootstrap CI; rows are paired by `id` (else by row index) when both evaluated the same rows.
 """
@@ -22,7 +25,10 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-FAILURE_KINDS = ("episode failed", "truncated", "malformed call", "tool error", "no tool call", "wrong answer")
+FAILURE_KINDS = ("episode failed", "truncated", "malformed call", "tool error", "no tool call",
+                 "not solved in max_turns", "ended by the environment", "wrong answer")
+# How a trajectory that ran cleanly and scored low stopped, by its stop_reason (rl_factory/rollout.py).
+LOW_SCORE_BY_STOP = {"max_turns": "not solved in max_turns", "env_done": "ended by the environment"}
 EXAMPLES_PER_KIND = 5
 
 
@@ -72,7 +78,7 @@ def failure_kind(record: dict, has_tools: bool) -> str:
         return "tool error"
     if has_tools and not calls:
         return "no tool call"
-    return "wrong answer"
+    return LOW_SCORE_BY_STOP.get(record.get("stop_reason"), "wrong answer")
 
 
 def failure_taxonomy(records: list[dict], threshold: float, has_tools: bool) -> dict[str, dict[str, Any]]:

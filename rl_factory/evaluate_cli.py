@@ -23,7 +23,9 @@ from rl_factory.tracking import json_safe
 from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
-REPORTED = ["accuracy", "reward/mean", "num_turns/mean", "tool/call_rate", "tool/success_rate"]
+REPORTED = ["accuracy", "reward/mean", "num_turns/mean"]
+TOOL_REPORTED = ["tool/call_rate", "tool/success_rate"]  # with tools
+STOP_ORDER = ["env_done", "answer", "max_turns", "max_tokens", "episode_error"]  # with an environment: stop/*
 
 
 @dataclass
@@ -112,7 +114,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
     # NaN (e.g. tool/success_rate without calls) is not JSON; write null, as metrics.jsonl does.
     (out / "results.json").write_text(json.dumps(json_safe(result), indent=2, default=str))
     write_rollouts(out / "rollouts.jsonl", trajs)
-    _print_summary(model_cfg.path, e, rows, result)
+    _print_summary(model_cfg.path, e, rows, result, has_tools=bool(tools), environment=bool(env_cfg.environment))
     log.info("results: %s", out / "results.json")
     return result
 
@@ -158,18 +160,20 @@ class _progress:
             self.bar.close()
 
 
-def _print_summary(model: str, e: EvalConfig, rows: list, result: dict) -> None:
+def _print_summary(model: str, e: EvalConfig, rows: list, result: dict, has_tools: bool = True,
+                   environment: bool = False) -> None:
     log.info("evaluated %s on %d rows (%s)", model, len(rows), "greedy" if e.temperature == 0 else
              f"temperature {e.temperature}, n={e.n}")
     metrics = result["metrics"]
-    for key in REPORTED:
+    for key in _reported(metrics, has_tools, environment):
         log.info("  %-18s %s", key, _fmt(metrics.get(key)))
     if e.n > 1:
         log.info("  %-18s %s", "pass@k", "  ".join(f"@{k} {v:.3f}" for k, v in result["pass_at_k"].items()))
     if result["failures"]:
         log.info("failures (share of all trajectories, example rows):")
+        width = max(16, *map(len, result["failures"]))
         for kind, f in result["failures"].items():
-            log.info("  %-16s %4d  %5.1f%%  %s", kind, f["count"], 100 * f["share"], ", ".join(f["examples"]))
+            log.info("  %-*s %4d  %5.1f%%  %s", width, kind, f["count"], 100 * f["share"], ", ".join(f["examples"]))
     sources = result["by_data_source"]
     if len(sources) > 1:
         log.info("per data_source (rows, accuracy, reward):")
@@ -182,6 +186,16 @@ def _print_summary(model: str, e: EvalConfig, rows: list, result: dict) -> None:
         for name, d in c["metrics"].items():
             log.info("  %-12s %+.3f  [%+.3f, %+.3f]%s", name, d["difference"], d["ci_low"], d["ci_high"],
                      "  significant" if d["significant"] else "")
+
+
+def _reported(metrics: dict, has_tools: bool, environment: bool) -> list[str]:
+    """The summary's metrics: tool-call rates for a task with tools; how the episodes stopped (the shares
+    of each stop_reason) for one with an environment, which is what says whether games were finished."""
+    keys = REPORTED + (TOOL_REPORTED if has_tools else [])
+    if environment:
+        stops = [k for k in metrics if k.startswith("stop/")]
+        keys += sorted(stops, key=lambda k: (STOP_ORDER.index(k[5:]) if k[5:] in STOP_ORDER else len(STOP_ORDER), k))
+    return keys
 
 
 def _fmt(value) -> str:

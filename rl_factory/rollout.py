@@ -101,7 +101,7 @@ class Agent:
         cfg, fmt = self.cfg, self.fmt
         messages = [dict(m) for m in sample["messages"]]
         if world is not None:  # the environment's opening words are part of the prompt
-            messages += _checked(await _hook(world.reset(sample), "reset"), "environment reset()", None)
+            messages += await environment_reset(world, sample)
         ctx = get_context_policy(cfg.context)(fmt, messages, cfg.max_total_tokens, max_tail_tokens=cfg.max_tail_tokens,
                                               processor=cfg.context_processor, keep_turns=cfg.context_keep_turns)
         turns: list[Turn] = []
@@ -141,7 +141,7 @@ class Agent:
                 messages += observation
             spoken: list[dict] = []
             if world is not None:  # it sees every turn, the last one too (its state must be current)
-                spoken, done = _step_result(await _hook(world.step(so_far("running")), "step"))
+                spoken, done = await environment_step(world, so_far("running"))
                 if done:
                     stop_reason = "env_done"
                     break
@@ -242,6 +242,16 @@ def _assistant_message(content: str, calls: list) -> dict:
             for c in calls
         ]
     return message
+
+
+async def environment_reset(world: Any, sample: dict) -> list[dict]:
+    """`world.reset(sample)`'s messages, checked (EpisodeError if it raises or returns something else)."""
+    return _checked(await _hook(world.reset(sample), "reset"), "environment reset()", None)
+
+
+async def environment_step(world: Any, trajectory: Trajectory) -> tuple[list[dict], bool]:
+    """`world.step(trajectory)`'s (messages, done), checked (EpisodeError if it raises or returns something else)."""
+    return _step_result(await _hook(world.step(trajectory), "step"))
 
 
 async def _hook(awaitable: Any, name: str) -> Any:

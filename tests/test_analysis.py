@@ -39,6 +39,21 @@ def test_each_failure_gets_the_first_cause_that_applies():
     assert list(without_tools) == ["wrong answer"]
 
 
+
+def test_a_clean_low_score_is_named_by_how_the_trajectory_stopped():
+    """The turns ran out (a game still answered, or tools still being called) or the environment ended the
+    episode: not a "wrong answer" the model gave."""
+    records = [rec(0, 0.0, stop="max_turns"), rec(1, 0.0, stop="env_done"), rec(2, 0.0),
+               rec(3, 0.0, stop="max_turns", calls=[("calc", None)], results=[("calc", None)]),
+               rec(4, 0.0, stop="max_turns", calls=[("calc", None)], results=[("calc", "timeout")]),
+               rec(5, 1.0, stop="max_turns")]
+    without_tools = analysis.failure_taxonomy(records[:3], 0.1, has_tools=False)
+    assert {k: v["examples"] for k, v in without_tools.items()} == {
+        "not solved in max_turns": ["r0"], "ended by the environment": ["r1"], "wrong answer": ["r2"]}
+    with_tools = analysis.failure_taxonomy(records[3:], 0.1, has_tools=True)
+    assert {k: v["count"] for k, v in with_tools.items()} == {"tool error": 1, "not solved in max_turns": 1}
+
+
 def test_breakdowns_by_data_source_and_tool():
     records = [rec(0, 1.0, calls=[("calc", None)], results=[("calc", None)], source="math"),
                rec(1, 0.0, calls=[("calc", None), ("search", None)], results=[("calc", "timeout"), ("search", None)],

@@ -183,3 +183,86 @@ def test_fresh_machine_doctor_passes_with_the_builtin_model_not_built_yet(tmp_pa
     assert re.search(r"parser round-trip\s+PASS", done.stdout), done.stdout
     assert "builtin:tiny-calculator" in done.stdout
     assert not cache.exists() or not any(cache.rglob("config.json"))  # the model itself was not built
+
+
+GUESS = ["model.path=builtin:tiny-guess", "env.tools=null", "env.environment=examples/guess/environment.py:GuessEnv",
+         "env.max_turns=4", "data.train_files=examples/guess/data/train.jsonl",
+         "data.val_files=examples/guess/data/val.jsonl", "reward.function=examples/guess/reward.py:reward",
+         "reward.success_threshold=0.1", "rollout.max_response_tokens=8"]
+
+
+def test_environment_task_is_checked_as_the_multi_turn_episode_it_is(tmp_path):
+    """examples/guess (env.tools=null, env.environment set): the environment drives the turns, its class and
+    reset are checked, and the reward row plays the reference answer as one turn instead of scoring the
+    state nobody played (which read 0.000 for a reward that reads `state`)."""
+    report, checks = doctor(*GUESS, f"trainer.output_dir={tmp_path / 'run'}")
+    assert report.ok, report.table()
+    tools = checks["tools"].detail
+    assert "single-turn" not in tools and "GuessEnv drives the turns (up to env.max_turns=4)" in tools
+    env = checks["environment"].detail
+    assert "hooks reset, step, close are async" in env and "reset(data.train_files row 0) returned 0 message(s)" in env
+    reward = checks["reward scores a row"].detail
+    assert reward.startswith("scored 1.000 on row 0: its reference answer '1' played as the one turn") \
+        and "the environment ended the episode (env_done)" in reward, reward
+    assert "reset added" not in checks["tool schemas fit"].detail  # GuessEnv's reset says nothing
+    assert "2-turn environment conversation equal" in checks["token stream"].detail
+
+
+WORLDS = '''
+class SyncStep:
+    async def reset(self, sample): return []
+    def step(self, trajectory): return [], True
+    async def close(self): pass
+
+class Chatty:  # opens with a long speech, never ends the episode, and keeps no state
+    async def reset(self, sample): return [{"role": "user", "content": "and now a word " * 200}]
+    async def step(self, trajectory): return [{"role": "user", "content": "go on"}], False
+    async def close(self): pass
+
+class BadReset:
+    async def reset(self, sample): return "hello"
+    async def step(self, trajectory): return [], True
+    async def close(self): pass
+'''
+
+
+def test_environment_that_cannot_run_is_named_and_what_the_reward_saw_is_said(tmp_path):
+    (tmp_path / "worlds.py").write_text(WORLDS)
+    common = [*GUESS[:2], *GUESS[3:6], f"trainer.output_dir={tmp_path / 'run'}", "data.val_limit=2",
+              "reward.function=rewards/exact_match.py:numeric_exact_match"]
+    report, checks = doctor(*common, f"env.environment={tmp_path / 'worlds.py'}:SyncStep")
+    assert checks["environment"].status == FAIL and "step is not `async def`" in checks["environment"].detail
+    assert checks["tools"].status == PASS and "SyncStep drives the turns" in checks["tools"].detail
+    assert checks["reward scores a row"].status == SKIP  # not scored without the environment
+    _, checks = doctor(*common, f"env.environment={tmp_path / 'worlds.py'}:BadReset")
+    assert checks["environment"].status == FAIL and "reset() returned str" in checks["environment"].detail
+    assert checks["reward scores a row"].status == SKIP  # not played again: the environment row says why
+    _, checks = doctor(*common, f"env.environment={tmp_path / 'worlds.py'}:Chatty", "rollout.max_total_tokens=300")
+    assert "returned 1 message(s) (user)" in checks["environment"].detail
+    assert "no `state` dict" in checks["environment"].detail
+    reward = checks["reward scores a row"].detail
+    assert "the environment answered and went on: the reward read the state of an unfinished episode" in reward
+    fit = checks["tool schemas fit"]  # the reset's speech is part of row 0's prompt
+    assert fit.status == FAIL and "row 0's prompt is" in fit.detail, fit.detail
+
+
+SQL = REPO / "examples" / "sql"
+
+
+def test_tools_that_are_none_and_a_reward_that_reads_its_episode_say_so(tmp_path):
+    """A manifest that lists no tools is single-turn (not "0 tool(s) listed ()"); examples/sql's reward reads
+    the row's own database through `tools`, so its 0.000 is said to be the state before any call."""
+    run = f"trainer.output_dir={tmp_path / 'run'}"
+    (tmp_path / "none.yaml").write_text("mcpServers: {}\n")
+    report, checks = doctor(run, f"env.tools={tmp_path / 'none.yaml'}", "data.val_limit=2")
+    assert report.ok, report.table()
+    assert checks["tools"].detail == "no tools (env.tools lists none): single-turn"
+    assert "1-turn plain conversation" in checks["token stream"].detail
+    report, checks = doctor(run, f"env.tools={SQL / 'tools.yaml'}", f"reward.function={SQL / 'reward.py'}:reward",
+                            f"data.train_files={SQL / 'data' / 'train.jsonl'}",
+                            f"data.val_files={SQL / 'data' / 'val.jsonl'}", "env.max_turns=3")
+    assert report.ok, report.table()
+    assert checks["reward scores a row"].detail == (
+        "scored 0.000 on row 0 in its own episode before any tool call (an empty completion: no row has "
+        "'answer'): the reward reads the episode through `tools`, so what the agent's calls leave there is "
+        "scored at rollout")

@@ -5,8 +5,13 @@ Without loading weights or training, in order (a check whose inputs failed is sk
     config          the config composes and every slice and registry name is valid
     run directory   (training) a fresh directory, the same run to resume, or another run (refused)
     data            the rows load, and every row has the columns the reward names
-    tools           every manifest server starts and lists its tools
-    reward          the reward loads and scores one row (the reference answer as the completion)
+    environment     (env.environment only) the class loads, its hooks are async, reset of the first row
+                    returns messages (rendered with that row's prompt by "tool schemas")
+    tools           every manifest server starts and lists its tools (none: single-turn, or the
+                    environment drives the turns)
+    reward          the reward loads and scores one row (the reference answer as the completion; with an
+                    environment, played as one turn: reset, the answer, step, so `state` is what it made of it;
+                    a reward that reads `tools` is said to see the episode before any call)
     chat template   the model's tokenizer has a chat template that ends turns with its eos token
     tool schemas    the schemas render through the template, and the longest prompt fits
     parser          the parser reads back the calls the template writes (rl_factory/doctor/template.py)
@@ -76,12 +81,14 @@ class Doctor:
             await self._run_one(name, fn)
         return self.report
 
-    async def _run_one(self, name: str, fn: Callable[[Doctor], Awaitable[tuple[str, str] | str]]) -> None:
+    async def _run_one(self, name: str, fn: Callable[[Doctor], Awaitable[str | None]]) -> None:
         from rl_factory.doctor.checks import CheckFailed, one_line
 
         t0 = time.perf_counter()
         try:
             detail = await fn(self)
+            if detail is None:  # nothing to check for this setup (e.g. no env.environment): no row
+                return
             status, fix = PASS, ""
         except CheckFailed as exc:
             status, detail, fix = FAIL, exc.detail, exc.fix

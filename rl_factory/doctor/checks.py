@@ -133,17 +133,69 @@ async def data(doc) -> str:
                         f"add {column!r} to every row, or give the reward a default for it")
     doc.state["rows"] = next(iter(loaded.values())) if doc.mode == "eval" else loaded["data.val_files"]
     doc.state["all_rows"] = [r for rows in loaded.values() for r in rows]
+    doc.state["first_rows"] = next(iter(loaded))  # which file all_rows[0] is row 0 of
     return ", ".join(f"{key}: {len(rows)} rows" for key, rows in loaded.items()) + "; the reward's columns are present"
+
+
+@check("environment", needs=("env_cfg",))
+async def environment(doc) -> str | None:
+    """With `env.environment`: the class loads with its hooks `async def`, and one instance's `reset` of the
+    first data row returns messages (rendered with the prompt by "tool schemas fit"). No row without one."""
+    from envs.environment import EnvironmentLoadError, load_environment
+    from envs.episode import EpisodeError
+    from rl_factory.rollout import environment_reset
+
+    cfg = doc.state["env_cfg"]
+    if not cfg.environment:
+        doc.state["environment"] = None
+        return None
+    fix = "env.environment names file.py:Class (or pkg.module:Class) with async reset(sample), step(trajectory), close()"
+    try:
+        factory = load_environment(cfg.environment, cfg.environment_kwargs)
+    except EnvironmentLoadError as exc:
+        raise CheckFailed(one_line(exc), fix)
+    rows = doc.state.get("all_rows")
+    if not rows:
+        doc.state["environment"] = factory
+        return f"{factory.spec}: hooks reset, step, close are async; reset not run (no data row loaded)"
+    where = f"{doc.state['first_rows']} row 0"
+    try:
+        world = factory()
+    except Exception as exc:
+        raise CheckFailed(f"{factory.spec}(**env.environment_kwargs) raised {type(exc).__name__}: {one_line(exc)}",
+                          "fix the constructor or env.environment_kwargs")
+    try:
+        opening = await environment_reset(world, rows[0])
+    except EpisodeError as exc:
+        raise CheckFailed(f"on {where}: {one_line(exc)}", "reset(sample) returns a list of {'role', 'content'} "
+                                                          "messages ([] when the dataset prompt says it all)")
+    finally:
+        try:
+            await world.close()
+        except Exception:  # noqa: BLE001 - reported by the run itself; reset is what is checked here
+            pass
+    doc.state["environment"], doc.state["env_opening"] = factory, opening  # later checks play it
+    state = getattr(world, "state", None)
+    kept = (f"state keys {sorted(state)[:8]}" if isinstance(state, dict) else
+            "no `state` dict (the reward's `state` is {})")
+    roles = f" ({', '.join(m['role'] for m in opening[:4])})" if opening else ""
+    return (f"{factory.spec}: hooks reset, step, close are async; reset({where}) returned {len(opening)} "
+            f"message(s){roles} after the prompt; {kept}")
 
 
 @check("tools", needs=("env_cfg",))
 async def tools(doc) -> str:
+    from dataclasses import replace
+
     from rl_factory.components import open_env
 
     try:
         # no log_dir: nothing is written into a run directory; the first row (when the data loaded) lists the
-        # tools of per-episode servers whose launch line names the sample
-        env = open_env(doc.state["env_cfg"], probe_sample=(doc.state.get("all_rows") or [None])[0])
+        # tools of per-episode servers whose launch line names the sample. The environment was loaded (and
+        # reported) by its own check.
+        env = open_env(replace(doc.state["env_cfg"], environment=None),
+                       probe_sample=(doc.state.get("all_rows") or [None])[0])
+        env.environment = doc.state.get("environment")  # None also when it failed: the tools are checked anyway
         await env.__aenter__()
         doc.state["env"] = env
         schemas = await env.list_tools()
@@ -151,33 +203,80 @@ async def tools(doc) -> str:
         raise CheckFailed(one_line(exc), "run `.venv/bin/python -m envs list MANIFEST` to see the server's own error; "
                                       "its stderr log is named in the message")
     doc.state["tools"] = schemas
-    if not doc.state["env_cfg"].tools:
-        return "no tools (env.tools=null): single-turn"
+    cfg = doc.state["env_cfg"]
+    if not schemas:
+        source = "env.tools=null" if not cfg.tools else "env.tools lists none"
+        if cfg.environment:
+            return (f"no tools ({source}): env.environment {cfg.environment} drives the turns (up to "
+                    f"env.max_turns={cfg.max_turns})")
+        return f"no tools ({source}): single-turn"
     per_server = Counter(env.server_of(t["function"]["name"]) for t in schemas)
     listed = ", ".join(f"{server}: {n}" for server, n in per_server.items())
-    return f"{len(schemas)} tool(s) listed ({listed})"
+    spoken = f"; env.environment {cfg.environment} may answer after every turn" if cfg.environment else ""
+    return f"{len(schemas)} tool(s) listed ({listed}){spoken}"
 
 
-@check("reward scores a row", needs=("reward", "rows", "tools"))
+@check("reward scores a row", needs=("reward", "rows", "tools", "environment"))
 async def reward_scores(doc) -> str:
+    """The reference answer as the completion, scored in the row's own episode. With an environment, that
+    answer is played as a one-turn episode (reset, the answer as the assistant's turn, step), so a reward
+    that reads `state` sees what the environment made of it; the row says how the episode ended. A reward
+    that reads the episode through `tools` sees it before any call: the row says that score is not the task's."""
+    from envs.episode import EpisodeError
     from rl_factory.types import Trajectory, Turn
     from rewards.scorer import score_trajectories
 
     row = doc.state["rows"][0]
     completion = "" if row.get("answer") is None else str(row["answer"])
     traj = Trajectory(sample_index=0, prompt_ids=[], token_ids=[], loss_mask=[], logprobs=[],
-                      messages=[*row["messages"], {"role": "assistant", "content": completion}],
-                      turns=[Turn([], [], completion)], stop_reason="answer", sample=row)
-    env = doc.state.get("env")
+                      messages=[*row["messages"]], turns=[Turn([], [], completion)], stop_reason="answer", sample=row)
+    env, played = doc.state.get("env"), ""
     try:
         if env is not None:  # in the row's own episode, as in training (a reward's tools reach its servers)
             async with env.episode(row) as episode:
+                if episode.environment is not None:
+                    played = await _play_one_turn(episode, traj, completion)
+                else:
+                    traj.messages.append({"role": "assistant", "content": completion})
                 await score_trajectories(doc.state["reward"], [traj], tools=episode)
         else:
+            traj.messages.append({"role": "assistant", "content": completion})
             await score_trajectories(doc.state["reward"], [traj])
+    except EpisodeError as exc:
+        raise CheckFailed(f"playing row 0's reference answer as one turn: {one_line(exc)}",
+                          "an environment's step must take any text the model writes: run it on this row by hand")
     except Exception as exc:
         raise CheckFailed(one_line(exc), "run the reward on this row by hand; reward.on_error=zero scores failures 0")
-    return f"scored {traj.reward:.3f} on row 0 with its reference answer as the completion"
+    scored = f"scored {traj.reward:.3f} on row 0"
+    if played:
+        return f"{scored}: {played}"
+    given = (f"its reference answer {_short(completion)} as the completion" if row.get("answer") is not None
+             else f"an empty completion: no row has {doc.state['data'].answer_key!r}")
+    if any("tools" in c.fn.arg_names for c in doc.state["reward"].components) and doc.state["tools"]:
+        return (f"{scored} in its own episode before any tool call ({given}): the reward reads the episode "
+                "through `tools`, so what the agent's calls leave there is scored at rollout")
+    return f"{scored} with {given}"
+
+
+async def _play_one_turn(episode, traj, completion: str) -> str:
+    """As a rollout with env.max_turns=1 would: reset, the completion as the one assistant turn, step;
+    the trajectory gets the environment's state. Returns what was played, in words, for the row."""
+    from rl_factory.rollout import environment_reset, environment_step
+
+    world = episode.environment
+    traj.messages += await environment_reset(world, traj.sample)
+    traj.messages.append({"role": "assistant", "content": completion})
+    spoken, done = await environment_step(world, traj)
+    traj.stop_reason = "env_done" if done else "answer" if not spoken else "max_turns"
+    traj.state = dict(episode.state)
+    ended = ("the environment ended the episode (env_done)" if done else
+             "the environment answered and went on: the reward read the state of an unfinished episode; whole "
+             "episodes are scored at rollout" if spoken else "the environment neither answered nor ended it")
+    return f"its reference answer {_short(completion)} played as the one turn of an episode (reset, step): {ended}"
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 20 else text[:17] + "...")
 
 
 @check("chat template", needs=("model", "tools"))
@@ -195,8 +294,14 @@ async def chat_template(doc) -> str:
 @check("tool schemas fit", needs=("fmt", "all_rows", "rollout"))
 async def tool_schemas(doc) -> str:
     prompts = [row["messages"] for row in doc.state["all_rows"][:PROMPT_ROWS]]
+    opening = doc.state.get("env_opening")
+    if opening is not None:  # row 0's prompt as the rollout builds it: the environment's reset messages after it
+        prompts[0] = [*prompts[0], *opening]
     budget, key = _prompt_budget(doc)
-    return _finding(template.check_tools_render(doc.state["fmt"], doc.state["tools"], prompts, budget, key))
+    detail = _finding(template.check_tools_render(doc.state["fmt"], doc.state["tools"], prompts, budget, key))
+    if opening:
+        detail += f"; row 0 with the {len(opening)} message(s) env.environment's reset added"
+    return detail
 
 
 def _prompt_budget(doc) -> tuple[int, str]:
@@ -223,7 +328,9 @@ async def parser_round_trip(doc) -> str:
 @check("token stream", needs=("fmt", "rows", "rollout"))
 async def token_stream(doc) -> str:
     r = doc.state["rollout"]
-    messages = template.conversation(doc.state["tools"], doc.state["rows"][0]["messages"])
+    opening = doc.state.get("env_opening") or []
+    messages = template.conversation(doc.state["tools"], [*doc.state["rows"][0]["messages"], *opening],
+                                     environment=bool(doc.state["env_cfg"].environment))
     return _finding(template.check_token_stream(doc.state["fmt"], messages, r.context,
                                                 processor=r.context_processor, keep_turns=r.context_keep_turns))
 

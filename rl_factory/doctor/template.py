@@ -131,17 +131,21 @@ def _generated_text(fmt: ChatFormat, message: dict) -> str:
     return fmt.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def conversation(tools: list[dict], prompt: list[dict]) -> list[dict]:
+def conversation(tools: list[dict], prompt: list[dict], environment: bool = False) -> list[dict]:
     """prompt -> assistant (thinking + a call per tool) -> tool results -> assistant (thinking + answer).
 
-    Without tools: prompt -> assistant (thinking + answer), the one turn a tool-less rollout has.
+    Without tools: prompt -> assistant (thinking + answer), the one turn a tool-less rollout has. With an
+    environment (`env.environment`), its reply (a user message) follows the first turn's tool results, in
+    the same observation, as the rollout appends it; without tools the first turn is a plain answer.
     """
     final = {"role": "assistant", "content": THINK + "The answer is 5."}
+    reply = [{"role": "user", "content": "Not yet: try again."}] if environment else []
     if not tools:
-        return [*prompt, final]
+        first = {"role": "assistant", "content": THINK + "The answer is 4."}
+        return [*prompt, first, *reply, final] if environment else [*prompt, final]
     call = tool_calls_message(tools, content=THINK.rstrip("\n"))
     results = [{"role": "tool", "content": "5"} for _ in call["tool_calls"]]
-    return [*prompt, call, *results, final]
+    return [*prompt, call, *results, *reply, final]
 
 
 def check_token_stream(fmt: ChatFormat, messages: list[dict], context: str, **context_options: Any) -> Finding:
@@ -160,13 +164,13 @@ def check_token_stream(fmt: ChatFormat, messages: list[dict], context: str, **co
         ctx.add_generation(Generation(ids, [0.0] * len(ids), "stop"))
         history.append(assistant)
         streams.append((list(ctx.ids), seen + [assistant]))
-        tools, i = [], i + 1
-        while i < len(messages) and messages[i]["role"] == "tool":
-            tools.append(messages[i])
+        observation, i = [], i + 1  # tool results, then what an environment says: one observation
+        while i < len(messages) and messages[i]["role"] in ("tool", "user"):
+            observation.append(messages[i])
             i += 1
-        if tools:
-            history += tools
-            ctx.add_observation(tools)
+        if observation:
+            history += observation
+            ctx.add_observation(observation)
     # append: one sequence, compared with the template's rendering of the whole conversation. step: one
     # sample per turn, compared with what inference shows the model at that turn (the template's
     # generation prompt for the history so far) followed by the turn as the template writes it.
@@ -180,8 +184,10 @@ def check_token_stream(fmt: ChatFormat, messages: list[dict], context: str, **co
             rendered = fmt.prompt_ids(msgs[:-1]) + fmt.assistant_ids(msgs[-1])
         if ids != rendered:
             return Finding(False, _describe(fmt, ids, rendered), _token_fix(context))
+    roles = {m["role"] for m in messages[first:]}
+    kind = " and ".join(k for k, role in (("tool", "tool"), ("environment", "user")) if role in roles) or "plain"
     return Finding(True, f"rollout.context={context}: the {len(samples)} trained sequence(s) of a {len(streams)}-turn "
-                         "tool conversation equal the template's rendering token for token")
+                         f"{kind} conversation equal the template's rendering token for token")
 
 
 def _describe(fmt: ChatFormat, ours: list[int], theirs: list[int]) -> str:

@@ -1,4 +1,5 @@
 """envs.servers.stdio.run_stdio: the SDK's stdio transport fed from asyncio pipes, not threads."""
+import asyncio
 import os
 import tempfile
 
@@ -64,3 +65,24 @@ async def test_logs_move_into_a_directory_once_the_run_may_write(tmp_path, write
         assert (await env.call(ToolCall("shout", {"text": "after"}))).text == "AFTER"
     lines = (logs / "echo.log").read_text().splitlines()
     assert lines[0] == "an earlier run's line" and lines.count("stray output from a tool") == 2
+
+
+async def test_per_episode_servers_logs_move_too(tmp_path, write_manifest):
+    """`scope: episode` instances start with anonymous logs like the run's servers: `ToolEnv.log_to` moves
+    the live and pooled ones (and places the ones started later) into the directory; nothing before."""
+    (tmp_path / "echo_server.py").write_text(SERVER)
+    path = write_manifest(tmp_path, {"echo": {"command": "python", "args": [str(tmp_path / "echo_server.py")],
+                                              "scope": "episode", "pool": 1}})
+    logs = tmp_path / "run" / "tool_logs"
+    async with ToolEnv.from_manifest(path) as env:
+        await env.list_tools()
+        first = await env.open_episode({})  # the pooled instance
+        assert (await first.call(ToolCall("shout", {"text": "before"}))).text == "BEFORE"
+        await asyncio.sleep(0.2)
+        assert not (tmp_path / "run").exists()
+        env.log_to(logs)
+        assert (await first.call(ToolCall("shout", {"text": "after"}))).text == "AFTER"
+        async with env.episode({}) as second:  # the pool's replacement, started before log_to, or a new one
+            assert (await second.call(ToolCall("shout", {"text": "later"}))).text == "LATER"
+        await first.close()
+    assert (logs / "echo.log").read_text().splitlines().count("stray output from a tool") == 3

@@ -91,6 +91,26 @@ async def test_failures_are_results(env):
     assert env.metrics() == {"tool/calls": 0.0}
 
 
+
+async def test_tool_metrics_alone_counts_what_the_env_counted(env):
+    """envs.tool_metrics holds the counting: the real results of a batch, recorded into a fresh ToolMetrics
+    with the env's tool names, give the env's own metrics (no episodes here: tool/* keys only)."""
+    from envs.tool_env import INVALID_TOOL_KEY, LOCAL_ERROR_KINDS  # still importable from the env
+    from envs.tool_metrics import ToolMetrics
+
+    assert INVALID_TOOL_KEY == "_invalid" and "parse" in LOCAL_ERROR_KINDS
+    env.reset_metrics()
+    results = await env.call_batch([ToolCall("calculator", {"expression": "2 + 3"}), ToolCall("search", {"q": "x"}),
+                                    ToolCall("calculator", {"expr": "1"}), ToolCall("fail", {"message": "boom"})])
+    counted = ToolMetrics()
+    for result in results:
+        counted.record(result, env.tool_names)
+    assert not env.episodic and counted.metrics() == env.metrics()
+    assert counted.metrics()["tool/_invalid/errors/unknown_tool"] == 1 and "tool/latency_s/max" in counted.metrics()
+    counted.reset()
+    assert counted.metrics() == {"tool/calls": 0.0}
+
+
 TURNS = {
     "hermes": ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}\n</tool_call>',
                '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'),

@@ -1,8 +1,9 @@
 """The guessing game (examples/guess): its environment, reward, data, the warm start of builtin:tiny-guess,
-and two training steps on the embedded default with a quickly built tiny-guess model."""
+two training steps on the embedded default with a quickly built tiny-guess model, and main_eval.sh's summary."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -194,3 +195,40 @@ def test_two_training_steps_on_the_embedded_default(guess_model_dir, two_steps, 
     # the quick model has learnt the format: most turns are numbers in range
     guesses = [g for r in records for g in r["state"]["guesses"]]
     assert sum(g is not None for g in guesses) >= len(guesses) / 2
+
+
+def test_main_eval_says_how_the_games_stopped(guess_model_dir, tmp_path):
+    """main_eval.sh's summary for an environment task: the shares of each stop reason instead of tool-call
+    rates, and the games not won named by how they stopped (the turns ran out), as the rollouts say."""
+    import logging
+
+    from rl_factory.config import load_config
+    from rl_factory.evaluate_cli import run_eval
+
+    args = [a for a in EXAMPLE if not a.startswith(("data.train_files", "optim.", "algorithm.", "env.max_turns"))]
+    cfg = load_config("eval", [*args, f"model.path={guess_model_dir}", "model.device=cpu", "env.max_turns=2",
+                               f"eval.output_dir={tmp_path}", "eval.n=4", "eval.temperature=1.0", "eval.progress=false"])
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("rl_factory")  # its own handler: a run's setup_logging stops propagation
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        result = run_eval(cfg)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    printed = "\n".join(lines)
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    stops = {r["stop_reason"] for r in records}
+    assert stops <= {"env_done", "max_turns"} and "max_turns" in stops  # 2 turns: most games are not won
+    for reason in stops:
+        assert re.search(rf"stop/{reason}\s+{result['metrics'][f'stop/{reason}']:.3f}", printed), printed
+    assert "tool/call_rate" not in printed and "tool/success_rate" not in printed
+    unsolved = [r for r in records if not r["state"]["solved"]]
+    assert all(r["stop_reason"] == "max_turns" and r["reward"] == 0.0 for r in unsolved)
+    failures = result["failures"]
+    assert list(failures) == ["not solved in max_turns"] and failures["not solved in max_turns"]["count"] == len(unsolved)
+    assert "not solved in max_turns" in printed and "wrong answer" not in printed
