@@ -216,3 +216,11 @@ except Exception as exc:
     assert "ERROR: registering with verl failed" in run.stderr
     assert "verl already has an advantage estimator named 'arena'" in run.stderr
     assert "REFUSED ConfigError rl_factory's verl plugin failed to register:" in run.stdout
+
+
+def test_lora_syncs_merged_weights_unless_told_otherwise(tmp_path, tiny_model_dir):
+    """vLLM's adapter path lost the adapter on the H200 (tests/backends/test_verl_lora_sync.py has why merging)."""
+    cfg = compose(tmp_path, tiny_model_dir, ["model.lora_rank=8"])
+    assert cfg.actor_rollout_ref.model.lora_rank == 8 and cfg.actor_rollout_ref.model.lora.merge is True
+    raw = compose(tmp_path, tiny_model_dir, ["model.lora_rank=8"], raw=["actor_rollout_ref.model.lora.merge=false"])
+    assert raw.actor_rollout_ref.model.lora.merge is False

@@ -47,7 +47,11 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         # model and data
         "actor_rollout_ref.model.path": model_path,
         "critic.model.path": model_path,
-        # LoRA (verl syncs the adapter into vLLM after every update)
+        # LoRA. After every update verl merges the adapters into a copy of the weights and syncs those, as in full
+        # fine-tuning: vLLM's own adapter path (lora.merge=false) lost the adapter on the H200 (vLLM 0.24's
+        # add_lora got no layers, 2026-12-01), and merged weights decode without LoRA kernels. The cost is a
+        # full-weight sync per step (0.42 s for the 4B shape) instead of the adapter's.
+        "actor_rollout_ref.model.lora.merge": ours.model.lora_rank > 0,
         "actor_rollout_ref.model.lora_rank": ours.model.lora_rank,
         "actor_rollout_ref.model.lora_alpha": ours.model.lora_alpha,
         "actor_rollout_ref.model.target_modules": ours.model.lora_target_modules,
