@@ -209,13 +209,17 @@ class _Batch:
         # The trainer's forwards keep the model's own attention; only the engine's use the slots.
         attention = config._attn_implementation
         config._attn_implementation = RAGGED_ATTENTION
-        self.model.eval()
+        # The trainer leaves the model in eval mode between updates; `Module.train()` walks every submodule
+        # (a quarter of a small model's decode step), so the mode is switched only when it must be.
+        if was_training:
+            self.model.eval()
         try:
             out = self.body(input_ids=ids, position_ids=positions, use_cache=True, attention_mask=masks,
-                                        past_key_values=self.kv.writer(start, len(ids), positions, width))
+                            past_key_values=self.kv.writer(start, len(ids), positions, width))
         finally:
             config._attn_implementation = attention
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
         hidden = out.last_hidden_state[torch.arange(len(ids), device=self.device), last]
         return self._logits(hidden)
 
