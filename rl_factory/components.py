@@ -57,6 +57,7 @@ class SamplingConfig(RolloutConfig, PipelineConfig):
 
     val_temperature: float = 0.0
     max_batch_size: int = 128
+    engine_threads: int = 0  # the embedded engine's CPU threads; 0: one fewer than the trainer's
 
 
 def open_env(cfg: EnvConfig, log_dir: Path | None = None, probe_sample: dict | None = None):
@@ -91,7 +92,8 @@ def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, en
     """The rollout agent; generation by the policy itself (embedded engine) unless `engine` is given."""
     engine = engine or HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
                                 pad_token_id=policy.tokenizer.pad_token_id,
-                                max_batch_size=rollout_cfg.max_batch_size, autocast=policy.autocast)
+                                max_batch_size=rollout_cfg.max_batch_size, autocast=policy.autocast,
+                                threads=rollout_cfg.engine_threads)
     loop_cfg = loop_config(env_cfg, rollout_cfg)
     # env.tools is known here: the caller has awaited env.list_tools() (which starts the servers).
     parser = get_parser(env_cfg.parser, tools=env.tools)  # qwen3_xml coerces values by the schemas

@@ -21,7 +21,7 @@ RESUMABLE_KEYS = frozenset({
     "experiment_name", "trainer.total_steps", "trainer.output_dir", "trainer.eval_every", "trainer.save_every",
     "trainer.keep_checkpoints", "trainer.logger", "trainer.resume", "trainer.save_rollouts", "trainer.progress",
     "trainer.report", "model.device", "model.num_threads", "reward.max_concurrency", "reward.executor",
-    "rollout.max_batch_size", "data.val_limit",
+    "rollout.max_batch_size", "rollout.engine_threads", "data.val_limit",
 })
 MANIFEST_KEY = "env.tools#sha256"  # the manifest file's content, next to its path
 

@@ -74,12 +74,13 @@ async def test_same_seed_same_bits_whatever_shares_the_batch(model, tokenizer, t
     params = [SamplingParams(1.0, 1.0 if i % 3 else 0.9, 24, seed=100 + i) for i in range(len(prompts))]
     params[3] = SamplingParams(0.0, 1.0, 24)  # a greedy row in the mix
 
-    alone = await generate_all(engine_for(model, tokenizer), prompts[:1], params[:1], [0.0])
+    alone = await generate_all(engine_for(model, tokenizer, threads=threads), prompts[:1], params[:1], [0.0])
     runs = []
     rng = random.Random(threads)
     for max_batch, wait in [(8, 0.0), (3, 0.0), (8, 0.05)]:
         delays = [rng.choice([0.0, 0.0, 0.003, 0.01, 0.03]) for _ in prompts]
-        engine = engine_for(model, tokenizer, max_batch_size=max_batch, batch_wait_s=wait, admit_every=rng.choice([1, 4]))
+        engine = engine_for(model, tokenizer, max_batch_size=max_batch, batch_wait_s=wait, admit_every=rng.choice([1, 4]),
+                            threads=threads)
         runs.append(await generate_all(engine, prompts, params, delays))
         assert engine.stats["rows"] == len(prompts)
 
@@ -90,6 +91,27 @@ async def test_same_seed_same_bits_whatever_shares_the_batch(model, tokenizer, t
             assert got.logprobs == want.logprobs  # the same floats, not merely close
     first = runs[0]
     assert first[1].token_ids != first[-1].token_ids  # the twin sampled with its own seed
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+async def test_decoding_leaves_a_thread_to_the_event_loop_and_the_trainer_keeps_its_own(model, tokenizer, threads):
+    """The decode thread's ops run on one thread fewer than the process's (a core stays free for the event
+    loop and the tool servers); torch's setting is per thread, so the caller's forwards keep both."""
+    seen = []
+    # the LM head: the engine runs it after the trunk, a plain forward at its end
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        engine = engine_for(model, tokenizer)
+        assert engine.threads == 1
+        await generate_all(engine, [prompt_ids(tokenizer, QUESTIONS[0])], [SamplingParams(1.0, 1.0, 8, seed=1)], [0.0])
+        assert seen and set(seen) == {1}
+        seen.clear()
+        with torch.no_grad():
+            model(torch.tensor([prompt_ids(tokenizer, QUESTIONS[0])]))
+        assert seen == [2] and torch.get_num_threads() == 2
+        assert engine_for(model, tokenizer, threads=2).threads == 2  # rollout.engine_threads, given
+    finally:
+        hook.remove()
 
 
 async def test_the_next_turn_prefills_only_the_observation(model, tokenizer):
