@@ -13,6 +13,9 @@ rendered from our MCP server's schema (TRL builds one from the function's signat
 and TRL's Qwen3 response template (`qwen3_template`, or `qwen3_schema` on transformers < 5.13)
 lets it parse the model's Hermes-style tool calls.
 
+Both run with as many torch threads as the machine has cores, as a user's job does (`OMP_NUM_THREADS`
+overrides it for both; the README's earlier tables used 1).
+
 `--tool-latency-ms 200` slows every tool call by that much on both sides (our calculator server's
 `--latency-ms`; a `time.sleep` in TRL's function: TRL calls tools one after another).
 
@@ -79,7 +82,10 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     manifest = slow_manifest(out, args.tool_latency_ms)
     result: dict[str, Any] = {"benchmark": "vs_trl", "steps": args.steps, "tool_latency_ms": args.tool_latency_ms,
                               "job": {**JOB, "seed": args.seed}, "model": str(model_dir)}
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
+    # Both sides get the same torch threads: the machine's cores, as a user's job gets them (torch's
+    # default), unless OMP_NUM_THREADS says otherwise (=1 is the earlier tables' setting).
+    threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if args.only in (None, "ours"):
         result["ours"] = run_ours(args, out / "ours", manifest, model_dir, env)
