@@ -52,8 +52,12 @@ def _connection(database: str) -> sqlite3.Connection:
     return copy
 
 
+# async: every call runs on the server's event loop thread, where the connection was made. The SDK runs a
+# sync tool in a worker thread per call, and sqlite3 refuses a connection from another thread ("SQLite
+# objects created in a thread can only be used in that same thread": one reward check in five failed).
+# The in-memory statements take microseconds, so they may hold the loop.
 @server.tool()
-def run_sql(sql: str, database: str) -> str:
+async def run_sql(sql: str, database: str) -> str:
     """Run one SQL statement: SELECT returns rows, INSERT and UPDATE change them."""
     if sql.lstrip().split(" ", 1)[0].upper() in REFUSED:
         raise ToolError(f"{sql.split()[0].upper()} is not allowed here")

@@ -89,6 +89,8 @@ async def test_the_reward_reads_each_trajectorys_own_copy(data, tiny_model_dir):
         by_writer = sorted(group.trajectories, key=lambda t: "SELECT" in t.tool_calls[0].arguments["sql"])
         assert [t.reward for t in by_writer] == [1.0, 0.0, 0.0]  # only the writer's own copy changed
         assert [t.reward_info["wrote"] for t in by_writer] == [1.0, 0.0, 0.0]
+        # every check reached its copy (a sync tool ran in another thread than its sqlite connection: 1 in 5 failed)
+        assert [t.reward_info["check_failed"] for t in by_writer] == [0.0, 0.0, 0.0]
         assert by_writer[0].tool_results[0].text == "OK, 1 row(s) changed"
     assert metrics["reward/tool_calls"] == 6.0
     assert {p: digest(p) for p in files} == files  # the samples' files are as the data script wrote them
