@@ -439,11 +439,12 @@ def _vocab(model: Path) -> int:
     return json.loads((model / "config.json").read_text())["vocab_size"]
 
 
-def _select(cfg: dict, key: str):
+def _select(cfg: dict, key: str, default=None):
+    """`cfg["a"]["b"]` for key "a.b" in a loaded YAML config, or `default` where the path stops."""
     node = cfg
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 

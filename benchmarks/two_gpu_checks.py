@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.gpu_step import _select  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
 SERVER_MODULE = "envs.servers.calculator"
@@ -282,15 +283,6 @@ def arena_check(run_dir: Path, steps: list[int], groups_per_step: int, n: int, t
 
 
 # ---- main -----------------------------------------------------------------------------------------------
-
-def _select(cfg: dict, key: str, default=None):
-    node = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
 
 def cfg_job(args: argparse.Namespace, overrides: list[str]) -> dict:
     proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *overrides, "--cfg", "job"], cwd=ROOT,

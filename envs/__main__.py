@@ -27,16 +27,19 @@ class CLIError(Exception):
     """Bad input on the command line; printed as one line."""
 
 
-def _sample(args: argparse.Namespace) -> dict | None:
-    if args.sample is None:
-        return None
+def _json_object(text: str, what: str, example: str) -> dict:
+    """`text` parsed as a JSON object, or one CLIError line naming `what` (the argument) and how it should look."""
     try:
-        sample = json.loads(args.sample)
+        value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise CLIError(f"--sample is not valid JSON: {err}") from None
-    if not isinstance(sample, dict):
-        raise CLIError("--sample must be a JSON object (a dataset row)")
-    return sample
+        raise CLIError(f"{what}: not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise CLIError(f"{what} must be a JSON object{example}")
+    return value
+
+
+def _sample(args: argparse.Namespace) -> dict | None:
+    return None if args.sample is None else _json_object(args.sample, "--sample", " (a dataset row)")
 
 
 async def list_tools(args: argparse.Namespace) -> int:
@@ -55,12 +58,7 @@ async def list_tools(args: argparse.Namespace) -> int:
 
 
 async def call_tool(args: argparse.Namespace) -> int:
-    try:
-        arguments = json.loads(args.arguments)
-    except json.JSONDecodeError as err:
-        raise CLIError(f"arguments are not valid JSON: {err}") from None
-    if not isinstance(arguments, dict):
-        raise CLIError("arguments must be a JSON object, e.g. '{\"expression\": \"2+3\"}'")
+    arguments = _json_object(args.arguments, "arguments", ", e.g. '{\"expression\": \"2+3\"}'")
     sample = _sample(args)
     async with ToolEnv.from_manifest(args.manifest, log_dir=args.log_dir, probe_sample=sample) as env:
         if sample is None:

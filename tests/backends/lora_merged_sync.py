@@ -40,18 +40,17 @@ reference = copy.merge_and_unload().state_dict()
 base_before = {k: v.detach().clone() for k, v in peft.named_parameters() if "lora" not in k}
 lora_before = {k: v.detach().clone() for k, v in peft.named_parameters() if "lora" in k}
 
+full = lambda t: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()  # noqa: E731  (DTensor or not)
 apply_fsdp2(peft, {"mesh": init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))}, {})
 with merged_lora_context(peft, backup_adapters=True):
-    sent = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-            for k, v in normalize_peft_param_name(peft.state_dict()).items()}
+    sent = {k: full(v).clone() for k, v in normalize_peft_param_name(peft.state_dict()).items()}
 
-full = lambda t: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()  # noqa: E731
 after = dict(peft.named_parameters())
 vllm_side = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 missing, unexpected = vllm_side.load_state_dict(sent, strict=False)
 with torch.no_grad():
     sent_logits = vllm_side(input_ids=ids).logits
-base_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)(input_ids=ids).logits
+    base_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)(input_ids=ids).logits
 print(json.dumps({
     "sent_keys": len(sent), "reference_keys": len(reference), "missing": list(missing), "unexpected": list(unexpected),
     "max_weight_diff": max((sent[k] - reference[k]).abs().max().item() for k in reference),
