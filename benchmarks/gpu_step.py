@@ -185,7 +185,8 @@ def step_numbers(lines: list[dict]) -> dict:
     """Median per-phase seconds and token counts over steps 2..K."""
     steady = [m for m in lines if m["step"] >= 2] or lines
     phases = {"generate": "timing/rollout_s", "old_log_prob": "timing/old_log_prob_s", "update": "timing/update_s",
-              "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s"}
+              "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s",
+              "slowest_trajectory": "timing/slowest_trajectory_s"}
     out = {name: _median([m[key] for m in steady if key in m]) for name, key in phases.items()}
     out["total_tokens"] = _median([m["perf/total_num_tokens"] for m in steady if "perf/total_num_tokens" in m])
     out["all_step_s"] = [round(m.get("timing/step_s", float("nan")), 3) for m in lines]
@@ -399,8 +400,10 @@ def main(argv: list[str] | None = None) -> None:
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
         "phases": {
+            # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's
             "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
-                         "tokens_per_s": gen_tokens / numbers["generate"]},
+                         "tokens_per_s": gen_tokens / numbers["generate"],
+                         "slowest_trajectory_s": numbers["slowest_trajectory"]},
             "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],
                              "tokens_per_s": numbers["total_tokens"] / numbers["old_log_prob"]},
             "update": {"s": numbers["update"], "tokens": numbers["total_tokens"],

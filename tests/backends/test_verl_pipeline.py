@@ -43,13 +43,13 @@ def test_filters_and_dynamic_sampling_map_onto_verl(verl_setup):
     assert (sampler.custom_sampler.path, sampler.custom_sampler.name) == ("pkg://rl_factory.backends.verl.pipeline",
                                                                           SAMPLER_NAME)
     assert OmegaConf.to_container(sampler.sampler_kwargs.rl_factory) == {
-        "train_batch_size": 16, "max_rounds": 3, "max_inflight_gen_batches": 1}
+        "train_batch_size": 16, "max_rounds": 3, "max_inflight_gen_batches": 1, "poll_interval_s": 0.05}
     cls = load_extern_object(sampler.custom_sampler.path, sampler.custom_sampler.name)  # as verl's trainer loads it
     assert cls.__name__ == SAMPLER_NAME
     check_verl_pipeline(cfg.rl_factory, cfg)
 
     plain, _ = verl_setup("rollout.filters=[zero_variance]", "algorithm.advantage=gae")
-    assert plain.trainer.v1.sampler.custom_sampler.path is None
+    assert plain.trainer.v1.sampler.custom_sampler.name == "PollingReplayBuffer"  # no refill: only the polling
 
 
 @pytest.mark.parametrize(("overrides", "raw", "message"), [
@@ -221,5 +221,62 @@ def test_replay_buffer_evicts_dropped_groups_and_stops_at_max_rounds(ray_cluster
         else:  # one round: nothing evicted or refilled; the step trains on what finished
             assert rollouts.refills == [] and "g0" in uids and len(uids) == 2
             assert metrics["rollout/max_rounds_hit"] == 1.0 and metrics["rollout/refilled_prompts"] == 0.0
+    finally:
+        tq.close()
+
+
+def _verls_replay_buffer(cfg):
+    """The replay buffer verl's V1 trainer builds from `cfg` (its own PPOTrainer._build_replay_buffer)."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    trainer = SimpleNamespace(config=cfg, trainer_mode=cfg.trainer.v1.trainer_mode,
+                              _add_prompts_to_generate=lambda n: n)
+    trainer._resolve_filter_groups_metric = lambda: PPOTrainer._resolve_filter_groups_metric(trainer)
+    return PPOTrainer._build_replay_buffer(trainer)
+
+
+def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, verl_setup):
+    """verl's sync sampler polls TransferQueue every 2 s, so a rollout phase lasted a whole number of polls
+    (4.07 s on the H200 for 0.44B and 4B models alike). verl's own builder makes ours from the composed
+    config, with every argument its built-in sampler gets; it returns a group that finishes mid-wait."""
+    import threading
+
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
+
+    cfg, _ = verl_setup()
+    ours = _verls_replay_buffer(cfg)
+    builtin = OmegaConf.create(OmegaConf.to_container(cfg))
+    builtin.trainer.v1.sampler.custom_sampler.path = builtin.trainer.v1.sampler.custom_sampler.name = None
+    theirs = _verls_replay_buffer(builtin)
+    assert type(ours) is PollingReplayBuffer and type(theirs) is ReplayBuffer
+    assert (ours.poll_interval, theirs.poll_interval) == (POLL_INTERVAL_S, 2.0)
+    same = ("trainer_mode", "max_off_policy_threshold", "max_off_policy_strategy", "filter_groups_metric",
+            "train_batch_size", "gen_batch_size", "max_inflight_gen_batches", "sync_refill_failed_groups")
+    assert {k: getattr(ours, k) for k in same} == {k: getattr(theirs, k) for k in same}
+
+    # a sampler named on the command line, and verl's own DAPO filter, keep verl's choice
+    from rl_factory.backends.verl.sampler import sampler_values
+
+    filtered = OmegaConf.create(OmegaConf.to_container(builtin))
+    filtered.algorithm.filter_groups = {"enable": True, "metric": "acc"}
+    assert sampler_values(filtered, set()) == {}
+    assert sampler_values(builtin, {"trainer.v1.sampler.custom_sampler.path"}) == {}
+    assert sampler_values(builtin, set())["trainer.v1.sampler.custom_sampler.name"] == "PollingReplayBuffer"
+
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    tq.init(cfg.transfer_queue)
+    try:
+        rollouts = FakeRollouts(tq, plan=[])
+        first = rollouts.put(True)
+        late = threading.Timer(0.5, rollouts.put, args=(True,))  # the step's last group, while sample() waits
+        late.start()
+        batch, _ = ours.sample(global_steps=1, partition_id="train", batch_size=2)
+        late.join()
+        assert sorted({k.split("_")[0] for k in batch.keys}) == sorted([first, "g1"])
     finally:
         tq.close()

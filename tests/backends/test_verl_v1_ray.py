@@ -136,6 +136,9 @@ def assert_run_dir_contract(cfg, right):
     rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert sorted(r["reward"] for r in rollouts) == sorted(float(r) for r in right)
     assert all(r["num_turns"] == 2 and r["total_tokens"] > r["prompt_tokens"] > 0 for r in rollouts)
+    # each trajectory's time in its agent loop; the step's slowest beside verl's rollout phase
+    assert all(r["timing"]["wall_s"] >= r["timing"]["generate_s"] + r["timing"]["tools_s"] > 0 for r in rollouts)
+    assert line["timing/slowest_trajectory_s"] == max(r["timing"]["wall_s"] for r in rollouts)
     assert not (run / "rollouts" / ".parts" / "train_step_000001").exists()  # gathered once
     # a validation step: val/* from the val parts, and the run report (as the embedded trainer writes them)
     from rl_factory.backends.verl.run_dir import write_part

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         validate = kwargs.get(SPLIT_KEY) == "val"
         group = state.arena if state.arena is not None and not validate else None
         uid, session = kwargs.get("uid"), kwargs.get("session_id", 0)
+        start = time.perf_counter()
         try:
             traj, timing = await self._rollout(state, sample, kwargs, sampling_params)
         except BaseException:
@@ -190,11 +192,15 @@ class RLFactoryAgentLoop(AgentLoopBase):
             score = 0.0 if failed else played
             if failed:
                 traj.reward_info[GROUP_KEY] = float(session)  # never a group of equal keys because of it
+        # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it)
+        spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
+                 "tools_s": round(timing["timing/tools_s"], 4)}
         if score is not None:  # verl skips its reward worker for this trajectory: its rollouts line is written here
-            write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score}])
+            write_part(state.output_dir, split, step,
+                       [{**trajectory_record(traj), "session": session, "score": score, "timing": spent}])
         traj = await augmented(traj, self.config, validate or failed)  # rollout.augment: one output per view
         outputs = to_outputs(traj, timing, score, self.rollout_config.response_length,
-                             record=to_record(traj, step, split, session))
+                             record=to_record(traj, step, split, session, spent))
         # rollout filters, failed episodes: a dropped trajectory trains no token
         return finish_outputs(outputs, traj, scored=score is not None)
 

@@ -24,6 +24,7 @@ from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_pa
 from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
+from rl_factory.backends.verl.sampler import sampler_values
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
 from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
 
@@ -157,6 +158,8 @@ def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[st
     for key, value in verl_values(ours, data_files, model_path).items():
         if key not in given:  # a verl key set on the command line wins over the mapping
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    for key, value in sampler_values(cfg, given).items():  # verl's replay buffer, polling every 50 ms
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     tuned = performance_plan(cfg, model_path)
     for key, value in tuned.values.items():
         if key not in given:

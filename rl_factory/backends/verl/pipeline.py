@@ -40,6 +40,7 @@ from rl_factory.backends.verl.group import ArenaGroups, _Pending
 from rl_factory.backends.verl.plugin import registered_name
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import compute_score
+from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
 from rl_factory.config import ConfigError, section
 from rl_factory.pipeline import PipelineConfig, augment, build_augmenters, build_filters, check_pipeline
 from rl_factory.pipeline.filters import Filter, apply_filters
@@ -103,7 +104,7 @@ def pipeline_values(ours: DictConfig) -> dict[str, Any]:
             "trainer.v1.sampler.custom_sampler.name": SAMPLER_NAME,
             "trainer.v1.sampler.sampler_kwargs.rl_factory": {
                 "train_batch_size": ours.data.train_batch_size,
-                "max_rounds": roll.dynamic_sampling.max_rounds,
+                "max_rounds": roll.dynamic_sampling.max_rounds, "poll_interval_s": POLL_INTERVAL_S,
                 "max_inflight_gen_batches": "${algorithm.filter_groups.max_inflight_gen_batches}"},
         })
     return values
@@ -233,14 +234,9 @@ def _pipeline_config(roll: DictConfig) -> PipelineConfig:
     return section({"rollout": {k: _container(roll[k]) for k in keys}}, "rollout", PipelineConfig)
 
 
-try:  # the sampler needs verl's V1 trainer (TransferQueue); the rest of this module does not
-    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-except ImportError:  # pragma: no cover - verl without its V1 dependencies
-    ReplayBuffer = object
-
-
-class RolloutReplayBuffer(ReplayBuffer):
-    """verl's sync V1 ReplayBuffer with DAPO group filtering on `GROUP_KEY`, capped at `max_rounds`.
+class RolloutReplayBuffer(PollingReplayBuffer):
+    """verl's sync V1 ReplayBuffer with DAPO group filtering on `GROUP_KEY`, capped at `max_rounds`
+    (polling as `sampler.PollingReplayBuffer`).
 
     verl builds it from `trainer.v1.sampler.custom_sampler` with the usual arguments; our settings come in
     `sampler_kwargs.rl_factory` (train_batch_size, max_rounds, max_inflight_gen_batches).

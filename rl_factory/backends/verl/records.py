@@ -18,8 +18,10 @@ from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 RECORD_KEY = "rl_factory_trajectory"
 
 
-def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: int = 0) -> str:
-    """The trajectory as JSON, with where it belongs in the run (global step, split, session)."""
+def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: int = 0,
+              timing: dict[str, float] | None = None) -> str:
+    """The trajectory as JSON, with where it belongs in the run (global step, split, session) and, from
+    the agent loop, its `timing` (wall_s from start to scored, generate_s, tools_s)."""
     turns = [{
         "generated_ids": t.generated_ids, "text": t.text,
         "tool_calls": [dataclasses.asdict(c) for c in t.tool_calls],
@@ -28,6 +30,8 @@ def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: in
     record = {"sample_index": traj.sample_index, "messages": traj.messages, "turns": turns,
               "stop_reason": traj.stop_reason, "sample": traj.sample, "step": step, "split": split,
               "session": session, "prompt_tokens": len(traj.prompt_ids), "total_tokens": len(traj.token_ids)}
+    if timing:
+        record["timing"] = timing
     return json.dumps(record, default=str)
 
 
@@ -54,4 +58,6 @@ def rollout_line(record: str | dict[str, Any], traj: Trajectory) -> dict[str, An
     line = trajectory_record(traj)
     line.update(session=meta.get("session", 0), prompt_tokens=meta.get("prompt_tokens", 0),
                 total_tokens=meta.get("total_tokens", 0))
+    if meta.get("timing"):
+        line["timing"] = meta["timing"]
     return line

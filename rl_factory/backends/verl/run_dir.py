@@ -94,6 +94,15 @@ def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None)
     return out
 
 
+def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The slowest and the mean trajectory's wall time in its agent loop (start to return): beside
+    `timing/rollout_s`, what the rollout phase spends beyond its slowest trajectory."""
+    walls = [r["timing"]["wall_s"] for r in lines if isinstance(r.get("timing"), dict) and "wall_s" in r["timing"]]
+    if not walls:
+        return {}
+    return {"timing/slowest_trajectory_s": max(walls), "timing/trajectory_mean_s": sum(walls) / len(walls)}
+
+
 def our_metrics(data: dict[str, Any]) -> dict[str, Any]:
     """Our names for verl's step metrics that have one: timing_s/<phase> -> timing/<phase>_s."""
     out = {}
@@ -141,6 +150,7 @@ class RunDirLogger:
         if train:
             metrics.update(summarize_records(train, self.threshold))
             metrics.update(tool_counts(train))
+            metrics.update(trajectory_timing(train))
         if any(key.startswith("val-") for key in data):
             val = gather(self.out_dir, "val", step)
             metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
