@@ -14,7 +14,8 @@ GPU, on the same model and the same token counts:
 - `vllm_generate`: vLLM alone (offline `LLM.generate`) on as many requests as a step had trajectories, all
   at once, each prompt repeated `n` times as in a GRPO group, prompts of the step's mean prompt length, each
   request generating as many tokens as one trajectory of the step did (ignore_eos: the longest sets the
-  critical path, as in the rollout), at the rollout's gpu_memory_utilization;
+  critical path, as in the rollout), at the rollout's gpu_memory_utilization, returning each sampled token's
+  log-prob as the rollout does (`without_logprobs`: the same without them);
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
@@ -230,14 +231,20 @@ def ceiling_vllm(spec: dict) -> dict:
     prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
                for _ in range(-(-len(gen_lens) // spec["n"]))]
     requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
-    params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in gen_lens]
-    llm.generate(requests[: spec["n"]], params[: spec["n"]], use_tqdm=False)  # warm up: graphs, allocator
-    t0 = time.perf_counter()
-    outs = llm.generate(requests, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-            "requests": len(requests), "max_gen_len": max(gen_lens)}
+    def run(logprobs: int | None) -> dict:
+        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs)
+                  for n in gen_lens]
+        llm.generate(requests[: spec["n"]], params[: spec["n"]], use_tqdm=False)  # warm up: graphs, allocator
+        t0 = time.perf_counter()
+        outs = llm.generate(requests, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+
+    # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
+    # check); the ceiling does the same work, and reports what it costs beside it.
+    same = run(logprobs=0)
+    return {**same, "without_logprobs": run(logprobs=None), "requests": len(requests), "max_gen_len": max(gen_lens)}
 
 
 def ceiling_train(spec: dict) -> dict:

@@ -31,11 +31,14 @@ export PYTHON=$PY
 RESULTS=${RESULTS:-outputs/gpu_suite/results.jsonl}
 mkdir -p "$(dirname "$RESULTS")"
 # verl jobs run side by side in `learn`: small vLLM shares, no dashboards fighting for a port, two
-# agent-loop and reward workers each instead of eight (four jobs share the machine's CPU cores), and vLLM
-# stays awake between steps: its sleep checks the whole GPU's free memory, so another job allocating at
-# that moment fails it ("Memory usage increased after sleeping": one of four seeds, H200, 2026-12-01)
+# agent-loop and reward workers each instead of eight (four jobs share the machine's CPU cores). vLLM
+# checks the whole GPU's free memory, which the neighbours change: at sleep ("Memory usage increased
+# after sleeping", one of four seeds), and while profiling at start-up ("Error in memory profiling",
+# "No available memory for the cache blocks": three of four, H200, 2026-12-01). So vLLM stays awake
+# between steps, and its KV cache is a fixed 2 GiB (kv_cache_memory_bytes: no profiling-based sizing).
 SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_init.include_dashboard=false
-        actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 actor_rollout_ref.rollout.free_cache_engine=false"
+        actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 actor_rollout_ref.rollout.free_cache_engine=false
+        +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=2147483648"
 
 learn_run() {  # name, overrides...: one verl run of the default job; its summary as a JSON line
   local name=$1; shift
@@ -117,6 +120,13 @@ case "${1:-}" in
     # samples the updated adapter after every step
     learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
     wait ;;
+  learn_one)  # one of learn's jobs alone (seedN or lora): vLLM's start-up memory check fails beside other jobs
+    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    case ${2:?learn_one seed0|seed1|seed2|lora} in
+      seed*) learn_run "$2" model.path=$tiny seed=${2#seed} trainer.total_steps=20 trainer.eval_every=5 ;;
+      lora) learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 ;;
+      *) echo "learn_one: seed0, seed1, seed2 or lora" >&2; exit 2 ;;
+    esac ;;
   merge_eval)
     ckpt=$(ls -d outputs/gpu_suite/seed0/checkpoints/global_step_* | sort -V | tail -1)
     $PY -m rl_factory.backends.verl.model_merger merge --backend fsdp --local_dir "$ckpt/actor" --target_dir outputs/gpu_suite/seed0/hf \

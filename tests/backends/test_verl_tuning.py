@@ -56,6 +56,13 @@ def test_cuda_graphs_are_captured_for_the_decode_batches_the_rollout_reaches():
     assert _values(None, concurrency=300, max_num_seqs=300)["actor_rollout_ref.rollout.cudagraph_capture_sizes"][-1] == 300
 
 
+def test_vllm_streams_only_a_requests_first_token_and_final_output():
+    # verl's server keeps only the final output; vLLM's per-step cumulative outputs were Python work for nothing
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval"
+    assert _values(None, vllm_request_tokens=1536)[key] == 1536
+    assert key not in _values(None)  # another rollout engine (sglang) has no such argument
+
+
 def test_missing_rollout_engine_is_one_line_naming_the_install():
     from omegaconf import OmegaConf
 
@@ -181,3 +188,4 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
     assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length

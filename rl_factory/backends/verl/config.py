@@ -196,7 +196,9 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
         return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
                     longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=cfg.algorithm.adv_estimator == "gae",
-                    concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs))
+                    concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
+                    vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
+                    else 0)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

@@ -116,12 +116,21 @@ def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
 
 
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
-         critic: bool, concurrency: int = 0, max_num_seqs: int = 256) -> Plan:
+         critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
+    `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
     """
     out = Plan()
+    if vllm_request_tokens > 0:
+        # verl's server reads only a request's final output, but vLLM's default (stream_interval=1) builds a
+        # cumulative output for every request at every decode step and wakes verl's coroutine for it: Python
+        # work in the server process on the order of the GPU's decode step at 128 requests. One interval as
+        # long as a request sends the first token (verl's admission gate waits for it) and the final output.
+        out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval", vllm_request_tokens,
+                "vLLM streams a request's first token and its final output only: no per-step outputs that "
+                "verl's server would discard")
     if concurrency > 0:
         sizes = capture_sizes(concurrency, max_num_seqs)
         out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
