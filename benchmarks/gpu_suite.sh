@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu_suite.sh prepare     # build the builtin tiny model, the random-init shapes and the
 #                                            # long-context warm start once, before the jobs that use them
 #   bash benchmarks/gpu_suite.sh step        # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
+#   bash benchmarks/gpu_suite.sh profile     # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
+#   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
 #   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
 #   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
@@ -105,6 +107,13 @@ case "${1:-}" in
     exit "$FAILED" ;;
   step)
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
+  profile)  # the step group's job with py-spy on verl's processes for 15 s of steady steps (benchmarks/pyspy_watch.py)
+    command -v py-spy >/dev/null || { echo "profile: needs py-spy (pip install py-spy; on the lent GPU: .whl/)" >&2; exit 2; }
+    $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 2 --seconds 15 --out outputs/gpu_suite/pyspy \
+        >> "$RESULTS" &
+    watcher=$!
+    $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite >> "$RESULTS"
+    wait $watcher ;;
   prepare)
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1

@@ -1,0 +1,94 @@
+"""Sample where a running verl job's processes spend a few steady steps, with py-spy.
+
+    python benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 2 --seconds 15 --out outputs/gpu_suite/pyspy &
+    python benchmarks/gpu_step.py --shape qwen3-0.6b --steps 6 --no-ceilings --out outputs/gpu_suite
+
+It waits for a run directory under `--runs` made after it started whose metrics.jsonl has reached
+`--after-step` (step 1 compiles and captures graphs), then records `--seconds` of stacks (wall time, idle
+threads included) from each of verl's processes at once: the FSDP actor (`WorkerDict`), the trainer
+(`TaskRunner`), vLLM's server frontend (`vLLMHttpServer`) and engine core (`EngineCore`), and one
+agent-loop worker. Each profile is written as collapsed stacks (`<role>-<pid>.txt`, flamegraph input),
+and one JSON line gives each process's most frequent innermost frames: what the GPU phases wait on
+(Python between kernels, TransferQueue copies, CUDA synchronization) is read from these.
+Needs py-spy (`pip install py-spy`; on the lent GPU machine it travels in `.whl/`).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROLES = ("WorkerDict", "TaskRunner", "vLLMHttpServer", "EngineCore", "AgentLoopWorker")
+
+
+def processes() -> dict[str, int]:
+    """role -> pid of the first live process whose command line names it."""
+    found: dict[str, int] = {}
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for role in ROLES:
+            if role not in found and role in cmdline and "pyspy_watch" not in cmdline:
+                found[role] = int(proc.name)
+    return found
+
+
+def wait_for_step(runs: Path, since: float, step: int, timeout: float) -> Path | None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for metrics in runs.glob("*/metrics.jsonl"):
+            if metrics.stat().st_mtime < since:
+                continue
+            lines = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            if any(m.get("step", 0) >= step for m in lines):
+                return metrics.parent
+        time.sleep(1)
+    return None
+
+
+def top_frames(path: Path, n: int = 12) -> dict:
+    """The innermost frames that hold the most samples, and the total (py-spy raw: 'a;b;c count')."""
+    inner, total = collections.Counter(), 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        inner[stack.split(";")[-1].strip()] += int(count)
+    return {"samples": total, "top": [[frame, round(c / max(1, total), 3)] for frame, c in inner.most_common(n)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", default="outputs/gpu_suite")
+    ap.add_argument("--after-step", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--timeout", type=float, default=560)
+    ap.add_argument("--out", default="outputs/gpu_suite/pyspy")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = wait_for_step(Path(args.runs), time.time(), args.after_step, args.timeout)
+    if run is None:
+        sys.exit(f"pyspy_watch: no run under {args.runs} reached step {args.after_step}")
+    found = processes()
+    recorders = {role: subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "100", "--idle",
+         "--nonblocking", "--format", "raw", "--output", str(out / f"{role}-{pid}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for role, pid in found.items()}
+    result = {"bench": "pyspy", "run": str(run), "seconds": args.seconds, "pids": found, "profiles": {}}
+    for role, proc in recorders.items():
+        _, err = proc.communicate(timeout=args.seconds + 60)
+        path = out / f"{role}-{found[role]}.txt"
+        result["profiles"][role] = top_frames(path) if path.exists() else {"error": err[-500:]}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
