@@ -267,6 +267,9 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
     assert sampler_values(filtered, set()) == {}
     assert sampler_values(builtin, {"trainer.v1.sampler.custom_sampler.path"}) == {}
     assert sampler_values(builtin, set())["trainer.v1.sampler.custom_sampler.name"] == "PollingReplayBuffer"
+    slower = OmegaConf.create(OmegaConf.to_container(builtin))
+    slower.trainer.v1.sampler.sampler_kwargs = {"rl_factory": {"poll_interval_s": 0.5}}  # +...poll_interval_s=0.5
+    assert sampler_values(slower, set())["trainer.v1.sampler.sampler_kwargs.rl_factory"]["poll_interval_s"] == 0.5
 
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
     tq.init(cfg.transfer_queue)

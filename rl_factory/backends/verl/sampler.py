@@ -54,9 +54,11 @@ def sampler_values(cfg: DictConfig, given: set[str]) -> dict[str, Any]:
     builtin = {"filter_groups_metric": None, "sync_refill_failed_groups": refill_failed, "train_batch_size": batch,
                "gen_batch_size": 1 if refill_failed else int(cfg.data.get("gen_batch_size") or batch),
                "max_inflight_gen_batches": 1}
+    ours = OmegaConf.merge({"poll_interval_s": POLL_INTERVAL_S, "builtin": builtin},  # the command line's win
+                           sampler.get("sampler_kwargs", {}).get("rl_factory") or {})
     return {"trainer.v1.sampler.custom_sampler.path": SAMPLER_PATH,
             "trainer.v1.sampler.custom_sampler.name": SAMPLER_NAME,
-            "trainer.v1.sampler.sampler_kwargs.rl_factory": {"poll_interval_s": POLL_INTERVAL_S, "builtin": builtin}}
+            "trainer.v1.sampler.sampler_kwargs.rl_factory": OmegaConf.to_container(ours)}
 
 
 def _container(node: Any) -> Any:
