@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import time
@@ -134,6 +135,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
+        _freeze_heap()
 
         async def validate(at_step: int) -> dict[str, float]:
             params = replace(val_params, seed=derive_seed(seed, VAL_SEED_KEY, at_step))
@@ -240,6 +242,18 @@ def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
 
 def _engine_metrics(engine) -> dict[str, float]:
     return engine.metrics() if hasattr(engine, "metrics") else {}
+
+
+def _freeze_heap() -> None:
+    """Leave everything alive now (modules, model, tokenizer, servers' clients) out of later garbage collections.
+
+    None of it becomes garbage before the run ends, yet every full collection walked all of it: with
+    torch, transformers and the MCP SDK loaded, ~250 ms on the 2-core VM, during which no thread runs
+    Python (not the event loop, not the decode thread), five times in 40 steps of the default job, each
+    at a random point of some step. After `gc.freeze()` a full collection walks only what the steps made.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _seed_everything(seed: int) -> None:
