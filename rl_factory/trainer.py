@@ -69,7 +69,10 @@ class TrainerConfig:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run training from a composed config; returns the final summary."""
-    return asyncio.run(_train(cfg))
+    try:
+        return asyncio.run(_train(cfg))
+    finally:
+        gc.unfreeze()  # a caller that goes on (a notebook, the tests) gets its heap collected again
 
 
 async def _train(cfg: DictConfig) -> dict[str, Any]:
