@@ -163,7 +163,7 @@ def timing(runs):
         steps = [m for m in run.metrics if "timing/step_s" in m]
         phases = [(k, label) for k, label in TIMING_PHASES if any(k in m for m in steps)]
         beside = [("timing/val_s", "validation")] if any("timing/val_s" in m for m in steps) else []
-        for p, (key, label) in enumerate([*phases, ("other", "other (validation, saving)"), *beside]):
+        for p, (key, label) in enumerate([*phases, ("other", "other"), *beside]):
             if key == "other":
                 ys = [max(0.0, m["timing/step_s"] - sum(m.get(k) or 0.0 for k, _ in phases)) for m in steps]
             else:
