@@ -121,7 +121,25 @@ def test_micro_batches_bucket_by_length_under_a_token_budget():
     assert sorted(len(s.token_ids) for s in batches[0]) == [29, 30, 30, 31, 33]
     padded = sum(len(b) * max(len(s.token_ids) for s in b) for b in batches)
     assert padded < 1.1 * sum(lengths)  # vs. 8 * 500 = 4000 padded to the longest
-    assert [len(b) for b in micro_batches(samples, max_rows=3, max_tokens=None)] == [3, 3, 2]
+    rows_only = micro_batches(samples, max_rows=3, max_tokens=None)
+    assert sorted(len(s.token_ids) for b in rows_only for s in b) == sorted(lengths)
+    assert max(len(b) for b in rows_only) == 3 and [len(s.token_ids) for s in rows_only[-1]] == [500]
+
+
+def test_a_long_sample_does_not_widen_short_ones_that_would_fit_beside_it():
+    """87 samples of 107 tokens and one of 317 (a step of the default job): filling micro-batches up to the
+    budget put the long one with the last 23 short ones (24 rows padded to 317: 14456 padded tokens
+    for 9626). The split pays for padding and for each extra micro-batch, so the long one goes alone."""
+    class Sample:
+        def __init__(self, n):
+            self.token_ids = [0] * n
+
+    samples = [Sample(107) for _ in range(87)] + [Sample(317)]
+    batches = micro_batches(samples, max_rows=64, max_tokens=8192)
+    assert [len(s.token_ids) for s in batches[-1]] == [317]
+    assert all(max(len(s.token_ids) for s in b) == 107 for b in batches[:-1])
+    assert all(len(b) <= 64 and len(b) * 107 <= 8192 for b in batches[:-1]) and len(batches) == 3
+    assert sum(len(b) for b in batches) == 88
 
 
 def test_bucketed_micro_batches_give_the_one_batch_gradient(policy, base_policy):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-# Attention spans whole blocks of positions: CPU attention kernels reduce a row identically for any
-# width that is a multiple of this (checked down to the bit by the engine tests).
+# Attention spans whole blocks of positions, and a prefill sums its values one block at a time: a row's
+# attention is then the same bits for any width that is a multiple of this (tests/engines/test_kv.py).
 KV_BLOCK = 64
 
 
@@ -50,8 +50,9 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
     query [R, Hq, Q, D]; key/value [R, Hkv, width, D] (views into the slot buffers); the mask is
     additive [R, 1, Q, width]. Returns [R, Q, Hq, D]. The grouped query heads are reshaped onto
-    their shared key/value head (no copy of the cache per query head) and each (row, kv head) is one
-    matmul whose shape depends on that row's query count only. On CPU this path is always taken:
+    their shared key/value head (no copy of the cache per query head); a prefill sums its values
+    over the keys one KV_BLOCK at a time, so a row's bits do not depend on the width (the longest
+    row's). On CPU this path is always taken:
     torch's fused CPU attention splits queries into blocks whose last one may be small enough to
     switch kernels, which would make a row's bits depend on its neighbours' lengths. Elsewhere
     (GPU, no bit-for-bit promise) prefill uses the fused kernel.
@@ -70,7 +71,17 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # [R, Hkv, group * Q, width]
     scores = (scores.view(rows, kv_heads, group, q_len, -1) + attention_mask[:, :, None]).view(
         rows, kv_heads, group * q_len, -1)
-    out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(value.dtype), value)
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    if q_len == 1:  # decode: one product (measured: none of 400 random decode shapes depends on the width)
+        out = torch.matmul(probs, value)
+    else:
+        # Prefill, many queries: BLAS sums the product over the keys in blocks of its own choosing, which
+        # change with the width (a row prefilled after a kept cache got other bits at width 256 than at
+        # 192 or 320: 59 of 150 random shapes depended on the width). Summed KV_BLOCK keys at a time, in
+        # order, the blocks past a query's position add exact zeros, so the width cannot matter.
+        out = torch.matmul(probs[..., :KV_BLOCK], value[:, :, :KV_BLOCK])
+        for start in range(KV_BLOCK, key.shape[2], KV_BLOCK):
+            out = out + torch.matmul(probs[..., start:start + KV_BLOCK], value[:, :, start:start + KV_BLOCK])
     return out.view(rows, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 

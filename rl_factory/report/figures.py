@@ -156,12 +156,14 @@ def stop_reasons(runs):
 
 @figure
 def timing(runs):
-    """Seconds per step by phase, stacked; `other` is validation, logging and checkpointing."""
+    """Seconds per step by phase, stacked; `other` is the rest of step_s (logging, writing rollouts; on verl
+    also validation). The embedded backend times validation apart (timing/val_s, outside step_s): its own bar."""
     multi, data = len(runs) > 1, []
     for r, run in enumerate(runs):
         steps = [m for m in run.metrics if "timing/step_s" in m]
         phases = [(k, label) for k, label in TIMING_PHASES if any(k in m for m in steps)]
-        for p, (key, label) in enumerate([*phases, ("other", "other (validation, saving)")]):
+        beside = [("timing/val_s", "validation")] if any("timing/val_s" in m for m in steps) else []
+        for p, (key, label) in enumerate([*phases, ("other", "other"), *beside]):
             if key == "other":
                 ys = [max(0.0, m["timing/step_s"] - sum(m.get(k) or 0.0 for k, _ in phases)) for m in steps]
             else:

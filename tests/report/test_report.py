@@ -35,9 +35,26 @@ def test_curves_follow_metrics_jsonl(arena_run):
     update = {t["name"] for t in figs["update"]["data"]}
     assert update == {"actor/kl", "actor/clip_fraction"}
     timing = {t["name"]: t["y"] for t in figs["timing"]["data"]}
-    assert timing["rollout"] == [2.0, 3.0, 4.0] and timing["other (validation, saving)"] == [0.5, 0.5, 0.5]
+    assert timing["rollout"] == [2.0, 3.0, 4.0] and timing["other"] == [0.5, 0.5, 0.5]
     by_tool = {t["name"]: t["y"] for t in figs["tool_by_tool"]["data"]}
     assert by_tool == {"succeeded": [6.0], "timeout": [6.0]}  # 3 steps x (4 calls, 2 timeouts)
+
+
+def test_validation_timed_apart_is_its_own_bar_not_part_of_other(tmp_path):
+    """The embedded trainer logs validation as timing/val_s beside timing/step_s, not inside it."""
+    from rl_factory.tracking import Tracker
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with Tracker(run, ["jsonl"]) as tracker:
+        tracker.log({"val/accuracy": 0.0, "timing/val_s": 0.4}, step=0)
+        tracker.log({"reward/mean": 0.5, "timing/rollout_s": 1.0, "timing/update_s": 0.5, "timing/step_s": 1.6}, step=1)
+        tracker.log({"reward/mean": 0.6, "timing/rollout_s": 1.0, "timing/update_s": 0.5, "timing/step_s": 1.6,
+                     "timing/val_s": 0.7, "val/accuracy": 0.5}, step=2)
+    (run / "config.yaml").write_text("rollout:\n  n: 4\n")
+    timing = {t["name"]: t["y"] for t in figures_by_id([load_run(run)])["timing"]["data"]}
+    assert timing["validation"] == [0.0, 0.7]
+    assert timing["other"] == pytest.approx([0.1, 0.1])  # step_s - rollout - update
 
 
 def test_arena_win_matrix_and_rank_stability(arena_run):
