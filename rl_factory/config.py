@@ -85,6 +85,12 @@ def _short(message: str) -> str:
     return " ".join(keep) or message
 
 
+def plain(node: Any) -> Any:
+    """An OmegaConf node (verl hands its config slices on as they are) as plain dicts/lists, resolved;
+    anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
 def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
     """Build dataclass `cls` from `cfg[key]`; unknown keys are an error naming `key.<bad>`."""
     node = cfg.get(key) if key else cfg

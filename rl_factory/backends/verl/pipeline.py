@@ -34,14 +34,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rl_factory.backends.verl.group import ArenaGroups, _Pending
 from rl_factory.backends.verl.plugin import registered_name
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import compute_score
 from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
-from rl_factory.config import ConfigError, section
+from rl_factory.config import ConfigError, plain, section
 from rl_factory.pipeline import PipelineConfig, augment, build_augmenters, build_filters, check_pipeline
 from rl_factory.pipeline.filters import Filter, apply_filters
 from rl_factory.types import Group, Trajectory
@@ -59,7 +59,7 @@ def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
     """Refuse up front what the pipeline cannot do on verl (module docstring); `cfg` is the composed config."""
     roll, alg = ours.rollout, ours.algorithm
     check_pipeline(_pipeline_config(roll), alg.advantage, roll.context)
-    filters = build_filters(_container(roll.filters))
+    filters = build_filters(plain(roll.filters))
     if (filters or roll.augment) and not cfg.trainer.use_v1:
         raise ConfigError("rollout.filters / rollout.augment on verl need trainer.use_v1=true (a prompt's n "
                           "sessions meet in one agent-loop worker only in verl's V1 trainer)")
@@ -72,7 +72,7 @@ def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
     if roll.augment and alg.advantage != "grpo":
         raise ConfigError(f"rollout.augment on verl works with algorithm.advantage=grpo only (verl gives a session's "
                           f"outputs the session's advantage only for grpo); got {alg.advantage!r}")
-    for a in build_augmenters(_container(roll.augment)):
+    for a in build_augmenters(plain(roll.augment)):
         if a.name == "tool_prefix" and (a.kwargs.get("normalize", True) or a.kwargs.get("decay", 1.0) != 1.0):
             raise ConfigError(f"{a.where}: verl has no per-sample weight; use tool_prefix with "
                               "kwargs {normalize: false, decay: 1.0} on verl")
@@ -119,7 +119,7 @@ def episodic(ours: DictConfig) -> bool:
 
     if ours.env.get("environment"):
         return True
-    tools = _container(ours.env.tools)
+    tools = plain(ours.env.tools)
     try:
         raw = yaml.safe_load(Path(tools).read_text()) if isinstance(tools, str) and tools else tools
     except (OSError, yaml.YAMLError):  # the launcher reports a bad manifest on its own
@@ -145,8 +145,8 @@ class PipelineGroups(ArenaGroups):
     def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> PipelineGroups:
         arena = ArenaGroups.from_config(ours, tools, out_dir).arena if ours.algorithm.advantage == "arena" else None
         out_dir.mkdir(parents=True, exist_ok=True)
-        settings = {"reward": _container(ours.reward), "tools": _container(ours.env.tools)}
-        return cls(build_filters(_container(ours.rollout.filters)), settings, arena, tools, out_dir)
+        settings = {"reward": plain(ours.reward), "tools": plain(ours.env.tools)}
+        return cls(build_filters(plain(ours.rollout.filters)), settings, arena, tools, out_dir)
 
     async def _play(self, uid: str, entry: _Pending, step: int) -> dict[int, float]:
         sessions = sorted(s for s, t in entry.trajs.items() if t is not None)
@@ -202,7 +202,7 @@ async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Tra
     if validate or not config.rl_factory.rollout.augment:
         return traj
     if id(config) not in _AUGMENTERS:  # the entry holds the config, so its id cannot be reused
-        _AUGMENTERS[id(config)] = (config, build_augmenters(_container(config.rl_factory.rollout.augment)))
+        _AUGMENTERS[id(config)] = (config, build_augmenters(plain(config.rl_factory.rollout.augment)))
     await augment(_AUGMENTERS[id(config)][1], [traj])
     heavy = sorted({s.weight for s in traj.steps if s.weight != 1.0})
     if heavy:
@@ -225,13 +225,9 @@ def finish_outputs(outputs: Any, traj: Trajectory, scored: bool = False) -> Any:
     return outputs
 
 
-def _container(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
 def _pipeline_config(roll: DictConfig) -> PipelineConfig:
     keys = ("filters", "augment", "dynamic_sampling")
-    return section({"rollout": {k: _container(roll[k]) for k in keys}}, "rollout", PipelineConfig)
+    return section({"rollout": {k: plain(roll[k]) for k in keys}}, "rollout", PipelineConfig)
 
 
 class RolloutReplayBuffer(PollingReplayBuffer):
@@ -243,7 +239,7 @@ class RolloutReplayBuffer(PollingReplayBuffer):
     """
 
     def __init__(self, *args: Any, sampler_kwargs: Any, refill_fn: Any = None, **kwargs: Any):
-        ours = _container(sampler_kwargs["rl_factory"])
+        ours = plain(sampler_kwargs["rl_factory"])
         self.round_size, self.max_rounds = int(ours["train_batch_size"]), int(ours["max_rounds"])
         self.refilled, self.capped = 0, False
 

@@ -22,7 +22,7 @@ from typing import Any
 from rl_factory.backends.verl.records import RECORD_KEY, from_record, rollout_line
 from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.components import EnvConfig, open_env
-from rl_factory.config import section
+from rl_factory.config import plain, section
 from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 
@@ -71,19 +71,10 @@ async def compute_score(data_source: str = None, solution_str: str = None, groun
     if RECORD_KEY not in extra_info:
         raise ValueError(f"sample {extra_info.get('index')}: no {RECORD_KEY} in extra_info; this reward scores "
                          "trajectories of rl_factory's agent loop (set rollout.agent.default_agent_loop=rl_factory)")
-    settings = _plain(rl_factory or {})
+    settings = plain(rl_factory or {})
     key = json.dumps(settings, sort_keys=True, default=str)
     if key not in _SCORERS:
         _SCORERS[key] = _WorkerScorer(settings.get("reward") or {}, settings.get("tools"), settings.get("output_dir"))
     return await _SCORERS[key](extra_info[RECORD_KEY])
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers (verl passes reward_kwargs as they are in its config) as plain dicts/lists."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        return value
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value

@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rl_factory.config import plain
+
 try:  # verl's V1 trainer (TransferQueue); the config helpers below need neither
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 except ImportError:  # pragma: no cover - verl without its V1 dependencies
@@ -34,7 +36,7 @@ class PollingReplayBuffer(ReplayBuffer):
     arguments verl gives its built-in sampler (module docstring)."""
 
     def __init__(self, *args: Any, sampler_kwargs: Any, **kwargs: Any):
-        ours = _container(sampler_kwargs.get("rl_factory") if sampler_kwargs else None) or {}
+        ours = plain(sampler_kwargs.get("rl_factory") if sampler_kwargs else None) or {}
         kwargs.setdefault("poll_interval", float(ours.get("poll_interval_s", POLL_INTERVAL_S)))
         for key, value in (ours.get("builtin") or {}).items():
             kwargs.setdefault(key, value)
@@ -59,7 +61,3 @@ def sampler_values(cfg: DictConfig, given: set[str]) -> dict[str, Any]:
     return {"trainer.v1.sampler.custom_sampler.path": SAMPLER_PATH,
             "trainer.v1.sampler.custom_sampler.name": SAMPLER_NAME,
             "trainer.v1.sampler.sampler_kwargs.rl_factory": OmegaConf.to_container(ours)}
-
-
-def _container(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
