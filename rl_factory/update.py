@@ -141,10 +141,13 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     """
     if alg.kl_coef > 0 and ref_model is None:
         raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
-    # One sample per trajectory, or one per turn with the `step` context policy.
+    # One sample per trajectory, or one per turn with the `step` context policy. A zero-advantage sample
+    # adds exactly 0 to the policy loss, so it is not computed; it still counts in the loss's
+    # denominator (its tokens for token_mean, its row otherwise), as in DAPO, TRL and verl: leaving it out
+    # would scale each step's gradient by 1 / (its share of samples with signal).
     keep = [t.advantage != 0.0 or alg.kl_coef > 0 or value_head is not None for t in trajs]
-    train = [s for t, k in zip(trajs, keep) if k for s in t.training_samples()]
-    if not train:
+    samples = [(s, k) for t, k in zip(trajs, keep) for s in t.training_samples()]
+    if not any(keep):
         return {"actor/trained_fraction": 0.0}
     loss_fn = get_policy_loss(alg.policy_loss)
     rng = random.Random(seed)
@@ -153,14 +156,17 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     policy.model.train()
     params = list(policy.model.parameters())
     for _ in range(optim.ppo_epochs):
-        order = train[:]
+        order = samples[:]
         rng.shuffle(order)
         size = -(-len(order) // optim.mini_batches)
         for start in range(0, len(order), size):
             mini = order[start: start + size]
-            tokens = sum(sum(t.loss_mask) for t in mini)
+            tokens, rows = sum(sum(t.loss_mask) for t, _ in mini), len(mini)
+            trained = [t for t, k in mini if k]
+            if not trained:
+                continue
             optimizer.zero_grad(set_to_none=True)
-            for micro in micro_batches(mini, optim.micro_batch_size, optim.micro_batch_tokens):
+            for micro in micro_batches(trained, optim.micro_batch_size, optim.micro_batch_tokens):
                 b = collate(micro, pad_id, policy.device)
                 if value_head is None:
                     logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
@@ -182,7 +188,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                     stats.update({f"critic/{k}": v for k, v in vf_stats.items()})
                 # Weight each micro-batch by its share of the mini-batch so accumulation gives the
                 # same gradient as one big batch (by tokens for token_mean, by rows otherwise).
-                share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / len(mini)
+                share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / rows
                 (loss * share).backward()
                 stats["loss"] = float(loss.detach())
                 for k, v in stats.items():
@@ -197,6 +203,6 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     policy.model.eval()
     metrics = {(k if k.startswith("critic/") else f"actor/{k}"): sum(v) / len(v) for k, v in totals.items()}
     metrics["actor/trained_fraction"] = sum(keep) / len(trajs)
-    metrics["actor/samples"] = len(train)
+    metrics["actor/samples"] = sum(k for _, k in samples)
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     return metrics

@@ -77,13 +77,14 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(policy):
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
 
 
-def test_update_skips_zero_advantage_trajectories(policy, base_policy):
-    """With plain SGD (no Adam scale invariance, no clipping) the step on [positive, zero] is the
-    step on [positive] alone: the zero-advantage trajectory adds neither gradient nor tokens."""
-    def step(trajs):
+def test_update_skips_zero_advantage_trajectories_but_counts_their_tokens(policy, base_policy):
+    """With plain SGD (no Adam scale invariance, no clipping) the step on [positive, zero] is the step
+    on [positive] alone scaled by positive's share of the tokens: the zero-advantage trajectory is not
+    computed (its loss is exactly 0) but stays in token_mean's denominator, as in DAPO, TRL and verl."""
+    def step(trajs, lr=0.5):
         pol = copy.copy(base_policy)
         pol.model = copy.deepcopy(base_policy.model)
-        optimizer = torch.optim.SGD(pol.model.parameters(), lr=0.5)
+        optimizer = torch.optim.SGD(pol.model.parameters(), lr=lr)
         metrics = update_policy(pol, optimizer, constant_schedule(optimizer), trajs, AlgorithmConfig(),
                                 OptimConfig(grad_clip=1e9))
         return pol, metrics
@@ -91,8 +92,10 @@ def test_update_skips_zero_advantage_trajectories(policy, base_policy):
     pos = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=1.0, index=0)
     zero = make_traj(policy, "What is 12 + 30?", "The answer is 42, I believe.", advantage=0.0, index=1)
     both, metrics = step([pos, zero])
-    alone, _ = step([pos])
-    assert metrics["actor/trained_fraction"] == 0.5
+    share = sum(pos.loss_mask) / (sum(pos.loss_mask) + sum(zero.loss_mask))
+    assert 0 < share < 1
+    alone, _ = step([pos], lr=0.5 * share)
+    assert metrics["actor/trained_fraction"] == 0.5 and metrics["actor/samples"] == 1
     for p, q, orig in zip(both.model.parameters(), alone.model.parameters(), base_policy.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
     assert any(not torch.equal(p, o) for p, o in zip(both.model.parameters(), base_policy.model.parameters()))
