@@ -6,8 +6,9 @@ long trajectory costs about its own tokens, not a widening of its neighbours, so
 the tokens trained rather than the longest trajectory.
 
 Trajectories whose advantage is exactly 0 (a GRPO group where every rollout got the same reward)
-contribute no policy gradient, so they are skipped unless a KL penalty needs them: on CPU this
-often halves the cost of an update without changing it.
+contribute no policy gradient, so they are not computed unless a KL penalty needs them; they still
+count in the loss's denominator, so skipping them often halves the cost of an update on CPU without
+changing it. A mini-batch with none to compute takes no optimizer step (the warmup counts steps taken).
 
 The KL penalty to the frozen reference (only built when `kl_coef > 0`) is aggregated with the same
 `loss_agg` mode as the policy loss, as verl's `agg_loss` does.
