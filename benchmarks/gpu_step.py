@@ -15,12 +15,14 @@ GPU, on the same model and the same token counts:
   at once, each prompt repeated `n` times as in a GRPO group, prompts of the step's mean prompt length, each
   request generating as many tokens as one trajectory of the step did (ignore_eos: the longest sets the
   critical path, as in the rollout), at the rollout's gpu_memory_utilization, returning each sampled token's
-  log-prob as the rollout does (`without_logprobs`: the same without them);
+  log-prob and no text, as the rollout does (`without_logprobs`: the same without log-probs;
+  `with_detokenize`: with vLLM's default incremental detokenization);
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
 
-Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs),
+Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs;
+`--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
 `--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
 the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -182,9 +185,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def step_numbers(lines: list[dict]) -> dict:
-    """Median per-phase seconds and token counts over steps 2..K."""
-    steady = [m for m in lines if m["step"] >= 2] or lines
+def measured(lines: list[dict], until: int) -> list[dict]:
+    """Steps 2..until (step 1 compiles and captures graphs; steps after `until` ran under a profiler)."""
+    return [m for m in lines if 2 <= m["step"] <= until] or lines
+
+
+def step_numbers(lines: list[dict], until: int) -> dict:
+    """Median per-phase seconds and token counts over steps 2..until."""
+    steady = measured(lines, until)
     phases = {"generate": "timing/rollout_s", "old_log_prob": "timing/old_log_prob_s", "update": "timing/update_s",
               "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s",
               "slowest_trajectory": "timing/slowest_trajectory_s"}
@@ -195,6 +203,16 @@ def step_numbers(lines: list[dict]) -> dict:
     for name in ("max_memory_allocated_gb", "max_memory_reserved_gb"):
         out[name] = max((m.get(f"actor/perf/{name}", m.get(f"perf/{name}", 0)) for m in lines), default=0)
     return out
+
+
+def step_ends(log: Path, launched: float) -> dict[int, float]:
+    """step -> unix time its metrics line was printed (verl's console logger: `step:N - ...`, stamped)."""
+    ends = {}
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        found = re.match(r"\+\s*([0-9.]+)s .*?\bstep:(\d+) - ", line)
+        if found:
+            ends[int(found.group(2))] = round(launched + float(found.group(1)), 1)
+    return ends
 
 
 def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
@@ -231,9 +249,9 @@ def ceiling_vllm(spec: dict) -> dict:
     prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
                for _ in range(-(-len(gen_lens) // spec["n"]))]
     requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
-    def run(logprobs: int | None) -> dict:
-        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs)
-                  for n in gen_lens]
+    def run(logprobs: int | None, detokenize: bool = False) -> dict:
+        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
+                                 detokenize=detokenize) for n in gen_lens]
         llm.generate(requests[: spec["n"]], params[: spec["n"]], use_tqdm=False)  # warm up: graphs, allocator
         t0 = time.perf_counter()
         outs = llm.generate(requests, params, use_tqdm=False)
@@ -242,9 +260,11 @@ def ceiling_vllm(spec: dict) -> dict:
         return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
 
     # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
-    # check); the ceiling does the same work, and reports what it costs beside it.
+    # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
+    # beside it what the log-probs cost and what vLLM's default detokenization would add.
     same = run(logprobs=0)
-    return {**same, "without_logprobs": run(logprobs=None), "requests": len(requests), "max_gen_len": max(gen_lens)}
+    return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
+            "requests": len(requests), "max_gen_len": max(gen_lens)}
 
 
 def ceiling_train(spec: dict) -> dict:
@@ -325,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--agent-loop", choices=["rl_factory", "verl_tool_agent"], default="rl_factory")
     ap.add_argument("--no-ceilings", action="store_true")
+    ap.add_argument("--measure-until", type=int, default=0,
+                    help="medians over steps 2..this (default: --steps); later steps are for a profiler to watch")
     ap.add_argument("--cfg-job", action="store_true", help="compose the command only (main_grpo.sh --cfg job)")
     ap.add_argument("--prepare", action="store_true",
                     help="only build the model (the shape or the builtin one) and exit: the jobs after it start warm")
@@ -391,21 +413,27 @@ def main(argv: list[str] | None = None) -> None:
     tag = f"{args.shape or model.name}-{args.agent_loop}" + (f"-lora{args.lora_rank}" if args.lora_rank else "")
     tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
+    launched = time.time()
     lines, wall = run_verl(args, model, run_dir)
-    numbers = step_numbers(lines)
+    until = args.measure_until or args.steps
+    numbers = step_numbers(lines, until)
+    steps = sorted({m["step"] for m in measured(lines, until)})
     config = (run_dir / "config.yaml").read_text()
     import yaml
 
     cfg = yaml.safe_load(config)
-    lengths = rollout_lengths(run_dir, [m["step"] for m in lines if m["step"] >= 2])
-    trajectories = len(lengths["total"]) / max(1, len({m["step"] for m in lines if m["step"] >= 2}))
-    gen_tokens = sum(lengths["generated"]) / max(1, len({m["step"] for m in lines if m["step"] >= 2}))
+    lengths = rollout_lengths(run_dir, steps)
+    trajectories = len(lengths["total"]) / max(1, len(steps))
+    gen_tokens = sum(lengths["generated"]) / max(1, len(steps))
     result = {
         "bench": "gpu_step", "model": str(model), "shape": args.shape, "agent_loop": args.agent_loop,
         "lora_rank": args.lora_rank, "gpus": args.gpus, "tp": args.tp, "batch": args.batch, "n": args.n,
-        "steps": args.steps, "trajectories_per_step": trajectories,
+        "steps": args.steps, "measured_steps": steps, "trajectories_per_step": trajectories,
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
+        # wall-clock ends of the steps: jobs on one GPU (gpu_suite.sh compare) show from these whether their
+        # measured steps overlapped
+        "launched_unix": round(launched, 1), "step_end_unix": step_ends(run_dir / "bench_stdout.log", launched),
         "phases": {
             # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's
             "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
@@ -428,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
             "model": str(model), "gpu_memory_utilization": result["tuned"]["actor_rollout_ref.rollout.gpu_memory_utilization"],
             "n": args.n, "prompt_len": round(statistics.fmean(lengths["prompt"])),
             "gen_lens": [max(1, n) for n in lengths["generated"][: round(trajectories)]], "vocab": _vocab(model)}, out)
-        steps_measured = max(1, len({m["step"] for m in lines if m["step"] >= 2}))
+        steps_measured = max(1, len(steps))
         one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
         train = measure_ceiling("train", {"model": str(model), "lengths": one_step,
                                           "token_budget": result["tuned"]["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]

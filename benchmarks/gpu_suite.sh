@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_suite.sh prepare     # build the builtin tiny model, the random-init shapes and the
 #                                            # long-context warm start once, before the jobs that use them
 #   bash benchmarks/gpu_suite.sh step        # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
+#                                            # (+ py-spy on two more steps where py-spy is installed)
 #   bash benchmarks/gpu_suite.sh profile     # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
@@ -105,8 +106,16 @@ case "${1:-}" in
     two_gpu_job check_resume --advantage grpo --kill-after-checkpoint
     [ "$FAILED" = 0 ] && echo "check: every two_gpu command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
-  step)
-    $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS" ;;
+  step)  # with py-spy installed, two more steps run under it (benchmarks/pyspy_watch.py); medians stay steps 2-5
+    if command -v py-spy >/dev/null; then
+      $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 5 --seconds 10 --out outputs/gpu_suite/pyspy \
+          >> "$RESULTS" &
+      watcher=$!
+      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --measure-until 5 --out outputs/gpu_suite >> "$RESULTS"
+      wait $watcher
+    else
+      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS"
+    fi ;;
   profile)  # the step group's job with py-spy on verl's processes for 15 s of steady steps (benchmarks/pyspy_watch.py)
     command -v py-spy >/dev/null || { echo "profile: needs py-spy (pip install py-spy; on the lent GPU: .whl/)" >&2; exit 2; }
     $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 2 --seconds 15 --out outputs/gpu_suite/pyspy \
@@ -145,10 +154,21 @@ case "${1:-}" in
          eval.output_dir=outputs/gpu_suite/seed0/eval > outputs/gpu_suite/eval.log 2>&1
     $PY -c "import json; r = json.load(open('outputs/gpu_suite/seed0/eval/results.json')); print(json.dumps({'bench': 'verl_merged_eval', 'checkpoint': '$ckpt', **r.get('metrics', r)}))" >> "$RESULTS" ;;
   compare)
-    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())")
-    for loop in rl_factory verl_tool_agent; do
-      $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop $loop --out outputs/gpu_suite >> "$RESULTS"
-    done ;;
+    # Two launches back to back take longer than one device call, so verl's loop starts COMPARE_STAGGER s after
+    # ours: our measured steps run while verl's job is still starting (Ray and imports, CPU), and verl's steps
+    # run after ours have ended (step_end_unix in both lines; the summary line checks it). Any contention
+    # falls on our loop's steps, not on verl's.
+    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop rl_factory --out outputs/gpu_suite \
+        > outputs/gpu_suite/compare-rl_factory.json &
+    ours=$!
+    sleep "${COMPARE_STAGGER:-150}"
+    $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop verl_tool_agent --out outputs/gpu_suite \
+        > outputs/gpu_suite/compare-verl_tool_agent.json
+    wait $ours
+    cat outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json >> "$RESULTS"
+    $PY benchmarks/compare_loops.py outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json \
+        >> "$RESULTS" ;;
   large)
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS" ;;
   large_lora)

@@ -130,7 +130,7 @@ def main() -> None:
                    "rollout.max_tool_response_tokens=1536", "data.max_prompt_length=1024", *args.overrides])
     run_dir = out / f"run-{time.strftime('%H%M%S')}"
     lines, wall = run_verl(run_args, model, run_dir)
-    numbers = step_numbers(lines)
+    numbers = step_numbers(lines, args.steps)
     rollouts = [json.loads(x) for p in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
                 for x in p.read_text().splitlines()]
     import yaml

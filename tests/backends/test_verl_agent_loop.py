@@ -60,6 +60,8 @@ def test_two_turn_tool_trajectory_through_verls_worker(verl_setup):
     assert second["prompt_ids"] == prompt + turn1 + observation  # the history is appended, never re-rendered
     assert first["request_id"] == second["request_id"]  # sticky routing: one request id per trajectory
     assert first["sampling_params"]["max_tokens"] == cfg.rl_factory.rollout.max_response_tokens
+    # the server hands back ids only: vLLM is not asked to detokenize (no stop strings configured)
+    assert first["sampling_params"]["detokenize"] is False and first["sampling_params"]["logprobs"] is True
 
     # verl's padded batch: prompt left-padded, response = turn1 + observation + turn2, then padding.
     response = turn1 + observation + turn2

@@ -83,6 +83,11 @@ class ServerEngine:
                              f"data.max_prompt_length={self.max_prompt_tokens}")
         self.turns += 1
         sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": True}
+        if not sampling.get("stop"):
+            # verl's server returns token ids only and we decode them ourselves: vLLM's incremental
+            # detokenizer (and the text of each sampled log-prob) would be per-token Python work in the
+            # server's event loop for text nobody reads. Stop strings are the one thing that needs it.
+            sampling.setdefault("detokenize", False)
         out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
                                                  sampling_params=sampling)
         self._record(out)
