@@ -112,7 +112,8 @@ case "${1:-}" in
           >> "$RESULTS" &
       watcher=$!
       $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --measure-until 5 --out outputs/gpu_suite >> "$RESULTS"
-      wait $watcher
+      # done long before (the ceilings run after the job); still waiting only if the job never reached step 5
+      kill $watcher 2>/dev/null; wait $watcher 2>/dev/null
     else
       $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS"
     fi ;;
