@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
 #   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
+#                                            # (verl's launched 150 s after ours, to fit one call)
+#   bash benchmarks/gpu_suite.sh compare_one rl_factory|verl_tool_agent  # each alone, one call each
 #   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
 # Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
@@ -170,6 +172,15 @@ case "${1:-}" in
     cat outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json >> "$RESULTS"
     $PY benchmarks/compare_loops.py outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json \
         >> "$RESULTS" ;;
+  compare_one)  # one loop alone (one device call each, back to back); the second one also prints the summary line
+    loop=${2:?compare_one rl_factory|verl_tool_agent}
+    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop "$loop" --out outputs/gpu_suite \
+        > "outputs/gpu_suite/compare-$loop.json" && cat "outputs/gpu_suite/compare-$loop.json" >> "$RESULTS"
+    if [ -s outputs/gpu_suite/compare-rl_factory.json ] && [ -s outputs/gpu_suite/compare-verl_tool_agent.json ]; then
+      $PY benchmarks/compare_loops.py outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json \
+          >> "$RESULTS"
+    fi ;;
   large)
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS" ;;
   large_lora)
