@@ -35,8 +35,9 @@ def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: in
     return json.dumps(record, default=str)
 
 
-def from_record(text: str) -> Trajectory:
-    record: dict[str, Any] = json.loads(text)
+def from_record(text: str | dict[str, Any]) -> Trajectory:
+    """The Trajectory of a record (its JSON text, or the text already parsed)."""
+    record: dict[str, Any] = json.loads(text) if isinstance(text, str) else text
     turns = []
     for t in record["turns"]:
         results = [ToolResult(**{**r, "call": ToolCall(**r["call"])}) for r in t["tool_results"]]

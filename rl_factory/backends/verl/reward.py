@@ -27,6 +27,7 @@ from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 
 _SCORERS: dict[str, _WorkerScorer] = {}
+_LAST: tuple[Any, str] | None = None  # (the reward_kwargs object last seen, its key in _SCORERS)
 
 
 class _WorkerScorer:
@@ -44,11 +45,11 @@ class _WorkerScorer:
         return self.env
 
     async def __call__(self, record: str) -> dict[str, Any]:
-        traj = from_record(record)
+        meta = json.loads(record)  # once: the trajectory and its place in the run come from the same dict
+        traj = from_record(meta)
         await self.scorer.score(traj, await self.tools())
         result = score_result(self.scorer, traj)
         if self.output_dir:
-            meta = json.loads(record)
             write_part(self.output_dir, meta.get("split", "train"), meta.get("step", 0), [rollout_line(meta, traj)])
         return result
 
@@ -71,10 +72,20 @@ async def compute_score(data_source: str = None, solution_str: str = None, groun
     if RECORD_KEY not in extra_info:
         raise ValueError(f"sample {extra_info.get('index')}: no {RECORD_KEY} in extra_info; this reward scores "
                          "trajectories of rl_factory's agent loop (set rollout.agent.default_agent_loop=rl_factory)")
+    return await _scorer_for(rl_factory)(extra_info[RECORD_KEY])
+
+
+def _scorer_for(rl_factory: Any) -> _WorkerScorer:
+    """The worker's scorer for these reward_kwargs. verl passes the same object with every trajectory: its key
+    (a container copy and a sorted JSON dump) is worked out once per object, not once per trajectory."""
+    global _LAST
+    if _LAST is not None and _LAST[0] is rl_factory:
+        return _SCORERS[_LAST[1]]
     settings = plain(rl_factory or {})
     key = json.dumps(settings, sort_keys=True, default=str)
     if key not in _SCORERS:
         _SCORERS[key] = _WorkerScorer(settings.get("reward") or {}, settings.get("tools"), settings.get("output_dir"))
-    return await _SCORERS[key](extra_info[RECORD_KEY])
+    _LAST = (rl_factory, key)  # the reference keeps the object alive, so `is` cannot meet a recycled id
+    return _SCORERS[key]
 
 

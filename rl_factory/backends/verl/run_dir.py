@@ -45,10 +45,14 @@ TIMING_NAMES = {"gen": "rollout", "update_actor": "update"}
 def write_part(out_dir: str | Path, split: str, step: int, lines: list[dict[str, Any]]) -> None:
     """Append scored rollouts lines of `split` at `step` to this process's part file."""
     part = Path(out_dir) / PARTS_DIR / f"{split}_step_{int(step):06d}" / f"{socket.gethostname()}-{os.getpid()}.jsonl"
-    part.parent.mkdir(parents=True, exist_ok=True)
-    with part.open("a", encoding="utf-8") as f:  # one write per line: a reader never sees half a line
-        for line in lines:
-            f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+    text = "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines)
+    try:  # the step's directory exists after its first trajectory: no mkdir per trajectory
+        f = part.open("a", encoding="utf-8")
+    except FileNotFoundError:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        f = part.open("a", encoding="utf-8")
+    with f:  # one write per call: a reader never sees half a line
+        f.write(text)
 
 
 def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
