@@ -124,8 +124,11 @@ case "${1:-}" in
     $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 2 --seconds 15 --out outputs/gpu_suite/pyspy \
         >> "$RESULTS" &
     watcher=$!
-    $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite >> "$RESULTS"
-    wait $watcher ;;
+    # verl's tqbridge logs each TransferQueue get/put with its time at INFO: where the old-log-prob phase's
+    # time outside the actor's forward goes (py-spy, H200, 2026-12-01: half of the phase)
+    $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite \
+        +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO >> "$RESULTS"
+    kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
   prepare)
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1
