@@ -27,17 +27,16 @@ def compare(ours: dict, theirs: dict) -> dict:
     (o0, o1), (t0, t1) = window(ours), window(theirs)
 
     def side(line: dict) -> dict:
-        gen = line["phases"]["generate"]
-        return {"step_s": line["step_s"], "generate_s": gen["s"], "generated_tokens": gen["generated_tokens"],
-                "generate_tokens_per_s": gen["tokens_per_s"], "mean_turns": line["mean_turns"],
-                "all_step_s": line["all_step_s"]}
+        return {"step_s": line["step_s"], "generate_s": line["phases"]["generate"]["s"],
+                "tokens_per_step": line["phases"]["old_log_prob"]["tokens"], "all_step_s": line["all_step_s"]}
 
     ratio = ours["step_s"] / theirs["step_s"]
     return {"bench": "compare_loops", "model": ours["model"], "rl_factory": side(ours), "verl_tool_agent": side(theirs),
             "step_ratio": ratio, "target": TARGET, "met": ratio <= TARGET,
-            # equal work check: the loops sample their own trajectories, so tokens per step differ a little
-            "generated_tokens_ratio": ours["phases"]["generate"]["generated_tokens"]
-            / max(1.0, theirs["phases"]["generate"]["generated_tokens"]),
+            # equal work check: the loops sample their own trajectories, so tokens per step differ a little. verl
+            # counts every step's tokens (prompt, generated, tool observations) for both loops; only ours also
+            # writes rollouts files with the generated ones apart
+            "tokens_per_step_ratio": ours["phases"]["old_log_prob"]["tokens"] / theirs["phases"]["old_log_prob"]["tokens"],
             "measured_steps_overlap": o0 < t1 and t0 < o1,
             "ours_during_other_startup": o0 < t0 and theirs["launched_unix"] < o1}
 

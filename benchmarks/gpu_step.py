@@ -141,13 +141,9 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
            # Ray workers get this PYTHONPATH instead of the driver's: keep the driver's entries after ours
            f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}:{os.environ.get('PYTHONPATH', '')}"]
     if args.agent_loop == "verl_tool_agent":
-        base = ROOT / "benchmarks" / "verl_tool_agent"
-        out += ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={base / 'tool_config.yaml'}",
-                "actor_rollout_ref.rollout.multi_turn.format=hermes",
-                f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}",
-                f"reward.custom_reward_function.path={base / 'reward.py'}",
-                "reward.custom_reward_function.name=compute_score"]
+        from benchmarks.verl_tool_agent import overrides
+
+        out += overrides(args.max_turns)
     return out + list(args.overrides)
 
 
@@ -430,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = yaml.safe_load(config)
     lengths = rollout_lengths(run_dir, steps)
     trajectories = len(lengths["total"]) / max(1, len(steps))
-    gen_tokens = sum(lengths["generated"]) / max(1, len(steps))
+    # verl's own loop writes no rollouts files of ours: its generated tokens are unknown (None), not zero
+    gen_tokens = sum(lengths["generated"]) / max(1, len(steps)) if lengths["generated"] else None
     result = {
         "bench": "gpu_step", "model": str(model), "shape": args.shape, "agent_loop": args.agent_loop,
         "lora_rank": args.lora_rank, "gpus": args.gpus, "tp": args.tp, "batch": args.batch, "n": args.n,
@@ -443,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         "phases": {
             # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's
             "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
-                         "tokens_per_s": gen_tokens / numbers["generate"],
+                         "tokens_per_s": gen_tokens / numbers["generate"] if gen_tokens else None,
                          "slowest_trajectory_s": numbers["slowest_trajectory"]},
             "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],
                              "tokens_per_s": numbers["total_tokens"] / numbers["old_log_prob"]},

@@ -93,6 +93,7 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int):
     """verl's config for the calculator job with `loop`, composed the way main_grpo.sh composes it."""
     from omegaconf import OmegaConf
 
+    from benchmarks import verl_tool_agent
     from benchmarks.gpu_step import builtin_tokenizer_dir
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.data import convert
@@ -106,14 +107,7 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int):
     ours = absolute(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}", f"data.val_files={data}",
                                          f"trainer.output_dir={work / loop}", f"rollout.n={n}",
                                          f"data.train_batch_size={prompts}"]))
-    raw = []
-    if loop == "verl_tool_agent":
-        base = ROOT / "benchmarks" / "verl_tool_agent"
-        raw = ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={base / 'tool_config.yaml'}",
-               "actor_rollout_ref.rollout.multi_turn.format=hermes",
-               f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={ours.env.max_turns}",
-               f"reward.custom_reward_function.path={base / 'reward.py'}", "reward.custom_reward_function.name=compute_score"]
+    raw = verl_tool_agent.overrides(ours.env.max_turns) if loop == "verl_tool_agent" else []
     files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), work / f"{loop}_data").items()}
     cfg = compose_verl(ours, raw, files, str(builtin_tokenizer_dir()))
     OmegaConf.resolve(cfg)
