@@ -125,7 +125,7 @@ def main() -> None:
         return
     run_args = argparse.Namespace(
         steps=args.steps, batch=16, n=8, max_response_tokens=64, max_total_tokens=9216, max_turns=args.turns,
-        lora_rank=0, lr=1e-6, agent_loop="rl_factory", timeout=args.timeout,
+        lora_rank=0, lr=1e-6, agent_loop="rl_factory", timeout=args.timeout, gpus=1, tp=1,
         overrides=[f"env.tools={manifest}", f"data.train_files={data}", f"data.val_files={data}",
                    "rollout.max_tool_response_tokens=1536", "data.max_prompt_length=1024", *args.overrides])
     run_dir = out / f"run-{time.strftime('%H%M%S')}"
