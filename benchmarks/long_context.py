@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_step import _select, build_shape, run_verl, step_numbers  # noqa: E402
+from benchmarks.gpu_step import _select, build_shape, parse_args, run_verl, step_numbers  # noqa: E402
 
 TOOL_FILE = Path(__file__).with_name("long_context_tool.py")
 
@@ -103,6 +103,16 @@ def warm_start(model_dir: Path, tools: list[dict], steps: int, turns: int) -> Pa
     return target
 
 
+def job_args(steps: int, turns: int, timeout: float, manifest: Path, data: Path, overrides=()) -> argparse.Namespace:
+    """gpu_step.py's own arguments for the verl job (built by its parser, so a field it adds reaches this job too):
+    64 tokens a turn, room for `turns` turns of ~1k-token observations, the task's tool and data."""
+    return parse_args([
+        "--steps", str(steps), "--batch", "16", "--n", "8", "--max-response-tokens", "64", "--max-total-tokens", "9216",
+        "--max-turns", str(turns), "--timeout", str(timeout), "--no-ceilings", "--",
+        f"env.tools={manifest}", f"data.train_files={data}", f"data.val_files={data}",
+        "rollout.max_tool_response_tokens=1536", "data.max_prompt_length=1024", *overrides])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="qwen3-0.6b")
@@ -123,11 +133,7 @@ def main() -> None:
     if args.prepare:
         print(json.dumps({"bench": "long_context_prepare", "model": str(model), "s": round(warm_s, 1)}))
         return
-    run_args = argparse.Namespace(
-        steps=args.steps, batch=16, n=8, max_response_tokens=64, max_total_tokens=9216, max_turns=args.turns,
-        lora_rank=0, lr=1e-6, agent_loop="rl_factory", timeout=args.timeout, gpus=1, tp=1,
-        overrides=[f"env.tools={manifest}", f"data.train_files={data}", f"data.val_files={data}",
-                   "rollout.max_tool_response_tokens=1536", "data.max_prompt_length=1024", *args.overrides])
+    run_args = job_args(args.steps, args.turns, args.timeout, manifest, data, args.overrides)
     run_dir = out / f"run-{time.strftime('%H%M%S')}"
     lines, wall = run_verl(run_args, model, run_dir)
     numbers = step_numbers(lines, args.steps)
