@@ -93,7 +93,7 @@ def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, en
     engine = engine or HFEngine(policy.model, eos_token_id=policy.tokenizer.eos_token_id,
                                 pad_token_id=policy.tokenizer.pad_token_id,
                                 max_batch_size=rollout_cfg.max_batch_size, autocast=policy.autocast,
-                                threads=rollout_cfg.engine_threads)
+                                threads=rollout_cfg.engine_threads, max_context=rollout_cfg.max_total_tokens)
     loop_cfg = loop_config(env_cfg, rollout_cfg)
     # env.tools is known here: the caller has awaited env.list_tools() (which starts the servers).
     parser = get_parser(env_cfg.parser, tools=env.tools)  # qwen3_xml coerces values by the schemas

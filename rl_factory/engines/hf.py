@@ -45,6 +45,10 @@ from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_row
 from rl_factory.lora import trunk
 
 RAGGED_ATTENTION = "rl_factory_ragged"
+# Key/value slots up to this size are allocated whole at the first forward (the default job's tiny model:
+# 128 rows x 512 positions = 134 MB); bigger ones grow on demand, so a long max_context on a GPU model
+# costs only the positions its rows reach.
+KV_PREALLOC_BYTES = 1 << 30
 AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
 
 
@@ -80,6 +84,10 @@ class HFEngine:
         prefix_cache: keep each stopped row's cache for the trajectory's next turn.
         admit_every: while rows decode, newly arrived requests are prefilled together at most every
             this many decode steps (1 = at once).
+        max_context: the most positions a row can need (the rollout's prompt + turns budget). When the
+            key/value slots of `max_batch_size` rows that long fit in `kv_prealloc_bytes`, they are
+            allocated whole at the first forward instead of grown by doubling mid-rollout (see `KVSlots`);
+            0, or slots too big for the budget: grown on demand.
         threads: CPU threads of the decode thread's ops; 0 leaves one of the process's threads free.
             The event loop (parsing, templating, tool I/O) and the tool servers run while the model
             decodes; with every core in the decode's thread team, each small op waits at the team's
@@ -90,7 +98,8 @@ class HFEngine:
 
     def __init__(self, model, eos_token_id: int, pad_token_id: int, max_batch_size: int = 64,
                  batch_wait_s: float = 0.002, autocast: Callable[[], Any] = contextlib.nullcontext,
-                 prefix_cache: bool = True, admit_every: int = 4, threads: int = 0):
+                 prefix_cache: bool = True, admit_every: int = 4, threads: int = 0, max_context: int = 0,
+                 kv_prealloc_bytes: int = KV_PREALLOC_BYTES):
         self.model = model
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -100,8 +109,11 @@ class HFEngine:
         self.prefix_cache = prefix_cache
         self.admit_every = admit_every
         self.threads = threads or max(1, torch.get_num_threads() - 1)
+        self.max_context = max_context
+        self.kv_prealloc_bytes = kv_prealloc_bytes
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._batch: _Batch | None = None
         self._lock = threading.Lock()
         # admissions ("batches"), requests admitted ("rows"), prompt tokens prefilled vs. reused from a cache
         self.stats = {"batches": 0, "rows": 0, "prefill_tokens": 0, "reused_tokens": 0}
@@ -127,6 +139,11 @@ class HFEngine:
             await asyncio.to_thread(thread.join)
         self._thread = None
 
+    @property
+    def kv_slots(self) -> KVSlots | None:
+        """The running batch's key/value slots (None before the first request)."""
+        return self._batch.kv if self._batch is not None else None
+
     def metrics(self) -> dict[str, float]:
         """Engine counters since the last call: mean rows per decode step, tokens/s while busy."""
         c, self.counters = self.counters, {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
@@ -141,7 +158,7 @@ class HFEngine:
     def _run(self) -> None:
         torch.set_num_threads(self.threads)  # this thread's only (see `threads`); before min_rows() is read
         try:
-            batch = _Batch(self)
+            batch = self._batch = _Batch(self)
         except Exception as exc:  # a model this engine cannot drive: every request gets the error, none hangs
             error = RuntimeError(f"the hf engine cannot drive this model: {type(exc).__name__}: {exc}")
             while (req := self._inbox.get()) is not None:
@@ -187,7 +204,7 @@ class HFEngine:
                 self.counters["busy_s"] += time.perf_counter() - start
             except Exception as exc:  # fail the callers, keep serving new requests
                 batch.fail(exc, extra=arrivals)
-                batch = _Batch(self, prefixes=batch.prefixes)
+                batch = self._batch = _Batch(self, prefixes=batch.prefixes)
 
 
 class _Batch:
@@ -198,7 +215,10 @@ class _Batch:
         self.model = engine.model
         self.device = next(self.model.parameters()).device
         self.rows: list[_Request] = []
-        self.kv = KVSlots(self.device)
+        self.min_rows = min_rows()
+        max_rows = max(engine.max_batch_size, self.min_rows)
+        full = engine.max_context if _slot_bytes(self.model, max_rows, engine.max_context) <= engine.kv_prealloc_bytes else 0
+        self.kv = KVSlots(self.device, max_rows=max_rows, full_positions=full)
         self.logits: torch.Tensor | None = None  # [len(rows), V]
         self.prefixes = prefixes or PrefixStore(self.model)
         self.head = self.model.get_output_embeddings()
@@ -206,7 +226,6 @@ class _Batch:
         self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
         layer_types = getattr(self.model.config, "layer_types", None) or []
         self.sliding_window = self.model.config.sliding_window if "sliding_attention" in layer_types else None
-        self.min_rows = min_rows()
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, last: torch.Tensor) -> torch.Tensor:
         """Run `ids` [R, Q] at `positions` [R, Q] for the rows in slots start..start+R-1, writing their
@@ -321,6 +340,19 @@ class _Batch:
         for req in [*self.rows, *extra]:
             req.resolve(error=exc)
         self.rows = []
+
+
+def _slot_bytes(model, rows: int, positions: int) -> int:
+    """Bytes of key/value slots for `rows` x `positions` (an estimate from the config; 0 if unknown)."""
+    cfg = getattr(model, "config", None)
+    try:
+        layers = cfg.num_hidden_layers
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        item = next(model.parameters()).element_size()
+    except (AttributeError, StopIteration, TypeError):
+        return 0
+    return 2 * layers * heads * dim * item * rows * positions
 
 
 def _uniforms(params: SamplingParams) -> torch.Tensor | None:

@@ -86,13 +86,27 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
 
 class KVSlots:
-    """Per-layer key/value buffers for `slots` rows, grown on demand (in rows and in positions)."""
+    """Per-layer key/value buffers for `slots` rows: made whole at the first forward when `full_positions` is
+    given, else grown on demand (in rows and in positions)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, max_rows: int = 0, full_positions: int = 0):
+        """`max_rows`: the most rows a forward has (the engine's batch); growth in rows stops there instead of
+        doubling past it. `full_positions`: when > 0, the buffers are made that long at once.
+
+        Why at once: growing copies every slot of every layer into freshly allocated memory, and the first
+        touch of new pages is the slow part on CPU (2-core VM: 105 MB in 268 ms, ~0.4 GB/s). Grown by
+        doubling, the tiny model's buffers went 128 -> 256 -> 512 positions (and 100 -> 200 rows) during the
+        first steps of a run, and the last growth fell on whichever step first had a long trajectory: one
+        rollout of 0.92 s against 0.36-0.56 s (seed 6, step 6: one 3-turn trajectory of 131 tokens waited
+        180 ms for it). Allocated once, at the first forward (the step-0 validation), no step pays.
+        """
         self.device = device
+        self.max_rows = max_rows
+        self.full_positions = full_positions
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long)  # tokens cached per slot (CPU)
+        self.allocations = 0  # times the buffers were made: the first forward, then each growth
 
     @property
     def capacity(self) -> int:
@@ -105,9 +119,10 @@ class KVSlots:
         if not self.keys:
             return  # buffers are shaped by the first layer update
         rows, cap = self.keys[0].shape[0], self.capacity
-        new_rows = rows if slots <= rows else max(slots, 2 * rows)
+        new_rows = rows if slots <= rows else max(slots, min(2 * rows, self.max_rows or 2 * rows))
         new_cap = cap if width <= cap else _round_up(max(width, 2 * cap), KV_BLOCK)
         if (new_rows, new_cap) != (rows, cap):
+            self.allocations += 1
             self.keys = [_grow(k, new_rows, new_cap) for k in self.keys]
             self.values = [_grow(v, new_rows, new_cap) for v in self.values]
 
@@ -120,11 +135,16 @@ class KVSlots:
 
     def _layer(self, idx: int, like: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         if idx == len(self.keys):  # first forward: shape the buffers after the model's keys
-            rows = max(len(self.lengths), 1)
-            shape = (rows, like.shape[1], _round_up(width, KV_BLOCK), like.shape[3])
+            rows, positions = self._first_shape(width)
+            shape = (rows, like.shape[1], positions, like.shape[3])
+            self.allocations += idx == 0
             self.keys.append(torch.zeros(shape, dtype=like.dtype, device=like.device))
             self.values.append(torch.zeros(shape, dtype=like.dtype, device=like.device))
         return self.keys[idx], self.values[idx]
+
+    def _first_shape(self, width: int) -> tuple[int, int]:
+        rows = max(len(self.lengths), 1, self.max_rows if self.full_positions else 0)
+        return rows, _round_up(max(width, self.full_positions), KV_BLOCK)
 
     def save(self, slot: int) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
         """A copy of one slot's cached positions (kept for the trajectory's next turn)."""
@@ -134,8 +154,10 @@ class KVSlots:
     def load(self, slot: int, saved: tuple[int, list[torch.Tensor], list[torch.Tensor]]) -> int:
         n, keys, values = saved
         if not self.keys:  # nothing ran yet in this batch: shape the buffers after the saved cache
-            self.keys = [torch.zeros((len(self.lengths), k.shape[0], _round_up(n, KV_BLOCK), k.shape[2]),
-                                     dtype=k.dtype, device=k.device) for k in keys]
+            rows, positions = self._first_shape(n)
+            self.allocations += 1
+            self.keys = [torch.zeros((rows, k.shape[0], positions, k.shape[2]), dtype=k.dtype, device=k.device)
+                         for k in keys]
             self.values = [torch.zeros_like(k) for k in self.keys]
         self.reserve(slot + 1, n)
         for buf, saved_k in zip(self.keys, keys):

@@ -149,3 +149,30 @@ async def test_the_next_turn_prefills_only_the_observation(model, tokenizer):
     await engine.close()
     assert engine.stats["reused_tokens"] == before["reused_tokens"]
     assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == len(second_prompt)
+
+
+async def test_slots_are_allocated_once_at_full_size_and_change_no_bits(model, tokenizer):
+    """With `max_context` (the rollout's token budget) the key/value slots are made whole at the first
+    forward, `max_batch_size` rows by max_context positions, and never grow mid-rollout; without it they
+    grow by doubling, in rows never past the batch. Either way a request gets the same bits: storage
+    capacity is not part of what a row computes."""
+    prompts = [prompt_ids(tokenizer, q) for q in QUESTIONS]
+    params = [SamplingParams(1.0, 1.0, 40, seed=200 + i) for i in range(len(prompts))]
+    delays = [0.0, 0.01, 0.0, 0.02, 0.0, 0.005, 0.0]
+
+    whole = engine_for(model, tokenizer, max_batch_size=4, max_context=256, threads=1)  # min_rows(): 8
+    got = await generate_all(whole, prompts, params, delays)
+    kv = whole.kv_slots
+    assert kv.allocations == 1  # the first forward, nothing after
+    assert kv.keys[0].shape[0] == 8 and kv.keys[0].shape[2] == 256  # max(max_batch_size, min_rows) rows
+
+    grown = engine_for(model, tokenizer, max_batch_size=4, threads=1)
+    want = await generate_all(grown, prompts, params, delays)
+    assert grown.kv_slots.allocations > 1 and grown.kv_slots.keys[0].shape[0] <= 8
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+    # slots bigger than the budget grow on demand instead
+    capped = engine_for(model, tokenizer, max_batch_size=4, max_context=256, kv_prealloc_bytes=1024, threads=1)
+    await generate_all(capped, prompts[:2], params[:2], [0.0, 0.0])
+    assert capped.kv_slots.keys[0].shape[2] < 256
