@@ -150,6 +150,10 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
+    if device.type == "cpu":  # GPU tensors have torch's caching allocator; CPU ones only glibc's
+        from rl_factory.allocator import keep_freed_memory
+
+        keep_freed_memory()
     path = resolve_model_path(cfg.path, tools, seed, log=log)
     check_hub_model(path)  # a hub id with no network: one line now, not a minute of retries
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
