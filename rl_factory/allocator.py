@@ -3,8 +3,8 @@
 PyTorch's CPU tensors come from glibc's malloc. glibc serves a block above its mmap threshold (which adapts,
 up to 32 MB) with a fresh mapping and unmaps it on free, so every training step faults its largest
 activations (the logits and MLP outputs of a packed micro-batch) in again, page by page. On the 2-core VM
-that ran at ~0.4 GB/s: the default job's update took 0.71 s a step instead of 0.58 (seed 6, 14 steps, A/B
-twice, 2026-12-01), and the extra varied with the step's tokens, widening the spread of step times. With
+that ran at ~0.4 GB/s: the default job's update took 0.79-0.82 s a step instead of 0.61-0.65 (seed 6, 14
+steps, A/B twice, 2026-12-01), and the extra varied with the step's tokens, widening the spread of step times. With
 higher mmap and trim thresholds, freed blocks are reused; the process keeps its peak resident size.
 
 Settings the user gives glibc (MALLOC_*_ or GLIBC_TUNABLES in the environment) are left as they are, and

@@ -217,7 +217,8 @@ class _Batch:
         self.rows: list[_Request] = []
         self.min_rows = min_rows()
         max_rows = max(engine.max_batch_size, self.min_rows)
-        full = engine.max_context if _slot_bytes(self.model, max_rows, engine.max_context) <= engine.kv_prealloc_bytes else 0
+        size = _slot_bytes(self.model, max_rows, engine.max_context)
+        full = engine.max_context if size is not None and size <= engine.kv_prealloc_bytes else 0
         self.kv = KVSlots(self.device, max_rows=max_rows, full_positions=full)
         self.logits: torch.Tensor | None = None  # [len(rows), V]
         self.prefixes = prefixes or PrefixStore(self.model)
@@ -342,8 +343,8 @@ class _Batch:
         self.rows = []
 
 
-def _slot_bytes(model, rows: int, positions: int) -> int:
-    """Bytes of key/value slots for `rows` x `positions` (an estimate from the config; 0 if unknown)."""
+def _slot_bytes(model, rows: int, positions: int) -> int | None:
+    """Bytes of key/value slots for `rows` x `positions` (an estimate from the config; None if unknown)."""
     cfg = getattr(model, "config", None)
     try:
         layers = cfg.num_hidden_layers
@@ -351,7 +352,7 @@ def _slot_bytes(model, rows: int, positions: int) -> int:
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         item = next(model.parameters()).element_size()
     except (AttributeError, StopIteration, TypeError):
-        return 0
+        return None
     return 2 * layers * heads * dim * item * rows * positions
 
 
