@@ -3,8 +3,9 @@
 # Each group below fits one 10-minute device call (a verl job spends ~5.5 min starting):
 #   bash benchmarks/gpu_suite.sh prepare     # build the builtin tiny model, the random-init shapes and the
 #                                            # long-context warm start once, before the jobs that use them
-#   bash benchmarks/gpu_suite.sh step        # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
-#                                            # (+ py-spy on two more steps where py-spy is installed)
+#   bash benchmarks/gpu_suite.sh step [ARGS] # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
+#                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
+#                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
 #   bash benchmarks/gpu_suite.sh profile     # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
@@ -113,11 +114,11 @@ case "${1:-}" in
       $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 5 --seconds 10 --out outputs/gpu_suite/pyspy \
           >> "$RESULTS" &
       watcher=$!
-      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --measure-until 5 --out outputs/gpu_suite >> "$RESULTS"
+      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --measure-until 5 --out outputs/gpu_suite "${@:2}" >> "$RESULTS"
       # done long before (the ceilings run after the job); still waiting only if the job never reached step 5
       kill $watcher 2>/dev/null; wait $watcher 2>/dev/null
     else
-      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite >> "$RESULTS"
+      $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 5 --out outputs/gpu_suite "${@:2}" >> "$RESULTS"
     fi ;;
   profile)  # the step group's job with py-spy on verl's processes for 15 s of steady steps (benchmarks/pyspy_watch.py)
     command -v py-spy >/dev/null || { echo "profile: needs py-spy (pip install py-spy; on the lent GPU: .whl/)" >&2; exit 2; }
@@ -185,7 +186,7 @@ case "${1:-}" in
           >> "$RESULTS"
     fi ;;
   large)
-    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite >> "$RESULTS" ;;
+    $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite "${@:2}" >> "$RESULTS" ;;
   large_lora)
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --lora-rank 64 --lr 1e-5 --out outputs/gpu_suite >> "$RESULTS" ;;
   long)
