@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig
 
 from rl_factory import checkpoint as ckpt
+from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
 from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
@@ -139,6 +140,9 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
+        if policy.device.type == "cpu":  # an update's peak memory, touched once now instead of in the steps
+            warm_heap(update_peak_bytes(policy.model.config, optim_cfg.micro_batch_tokens
+                                        or optim_cfg.micro_batch_size * roll_cfg.max_total_tokens))
         _freeze_heap()
 
         async def validate(at_step: int) -> tuple[dict[str, float], float]:

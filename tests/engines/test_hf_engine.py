@@ -176,3 +176,21 @@ async def test_slots_are_allocated_once_at_full_size_and_change_no_bits(model, t
     capped = engine_for(model, tokenizer, max_batch_size=4, max_context=256, kv_prealloc_bytes=1024, threads=1)
     await generate_all(capped, prompts[:2], params[:2], [0.0, 0.0])
     assert capped.kv_slots.keys[0].shape[2] < 256
+
+
+async def test_a_join_prefills_runs_of_similar_length_with_the_same_bits(model, tokenizer):
+    """Requests admitted together are prefilled shortest first in runs of similar length, each padded to its
+    own longest (not all to the longest prompt), and a request gets the same bits as when it arrives alone."""
+    prompts = [prompt_ids(tokenizer, q) for q in QUESTIONS]  # 11-159 tokens: one long prompt among short ones
+    params = [SamplingParams(1.0, 1.0, 6, seed=300 + i) for i in range(len(prompts))]
+    together = engine_for(model, tokenizer, max_batch_size=8, batch_wait_s=0.05, threads=1)
+    got = await generate_all(together, prompts, params, [0.0] * len(prompts))
+    stats = together.stats
+    assert stats["batches"] == 1 and stats["prefill_forwards"] >= 2
+    real = sum(len(p) for p in prompts)
+    assert stats["prefill_tokens"] == real
+    assert stats["prefill_padded_tokens"] < 1.5 * real < len(prompts) * max(len(p) for p in prompts) / 2
+
+    for prompt, p, want in zip(prompts, params, got):
+        alone = await generate_all(engine_for(model, tokenizer, threads=1), [prompt], [p], [0.0])
+        assert alone[0].token_ids == want.token_ids and alone[0].logprobs == want.logprobs
