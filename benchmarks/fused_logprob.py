@@ -9,8 +9,8 @@ hidden states under the LM head, as the actor computes them for old log-probs (f
 `actor_rollout_ref.model.fused_kernel_options.impl_backend` picks between the first two. Prints one JSON line:
 seconds (median of 5 after a warm-up) per kernel and pass, and the largest log-prob difference to `plain`.
 
-    python benchmarks/fused_logprob.py --tokens 40000 --hidden 1024 --vocab 635
-    python benchmarks/fused_logprob.py --tokens 16384 --hidden 2560 --vocab 151936
+    .venv/bin/python benchmarks/fused_logprob.py --tokens 40000 --hidden 1024 --vocab 635
+    .venv/bin/python benchmarks/fused_logprob.py --tokens 16384 --hidden 2560 --vocab 151936
 """
 from __future__ import annotations
 

@@ -266,10 +266,9 @@ class _Batch:
     def join(self, reqs: list[_Request]) -> None:
         """Prefill new requests (only what no kept cache covers) and add them to the batch.
 
-        Identical prompts (the n rollouts of one prompt) are prefilled once and copied. The prompts are
-        prefilled shortest first, in runs of similar length (`prefill_runs`), each padded to its own
-        longest: one row back with a long observation (a parse error's message: ~85 tokens beside ~20)
-        had padded all 32 rows of its join to its length, 3.9x the tokens.
+        Identical prompts (the n rollouts of one prompt) are prefilled once and copied. The rest go shortest
+        first, in runs of similar length each padded to its own longest (`prefill_runs`): one long observation
+        (a parse error's ~85 tokens beside ~20) had padded all 32 rows of its join, 3.9x the tokens.
         """
         e = self.e
         e.stats["batches"] += 1
