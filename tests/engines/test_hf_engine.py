@@ -183,7 +183,8 @@ async def test_a_join_prefills_runs_of_similar_length_with_the_same_bits(model, 
     own longest (not all to the longest prompt), and a request gets the same bits as when it arrives alone."""
     prompts = [prompt_ids(tokenizer, q) for q in QUESTIONS]  # 11-159 tokens: one long prompt among short ones
     params = [SamplingParams(1.0, 1.0, 6, seed=300 + i) for i in range(len(prompts))]
-    together = engine_for(model, tokenizer, max_batch_size=8, batch_wait_s=0.05, threads=1)
+    # a generous wait: all seven requests are in the inbox before the decode thread admits any (one join)
+    together = engine_for(model, tokenizer, max_batch_size=8, batch_wait_s=0.5, threads=1)
     got = await generate_all(together, prompts, params, [0.0] * len(prompts))
     stats = together.stats
     assert stats["batches"] == 1 and stats["prefill_forwards"] >= 2
