@@ -62,7 +62,9 @@ log = (Path("outputs/gpu_suite") / f"{name}.log").read_text(errors="replace")
 print(json.dumps({"bench": "verl_learn", "run": name, "exit_code": code, "traceback": "Traceback" in log,
                   "val_accuracy": {m["step"]: m["val/accuracy"] for m in lines if "val/accuracy" in m},
                   "step_s": [round(m["timing/step_s"], 2) for m in lines if "timing/step_s" in m],
-                  "rollout_probs_diff_mean": [m.get("training/rollout_probs_diff_mean") for m in lines if m["step"] > 0]}))
+                  # verl's old-log-prob pass logs it as training/..., our loss (algorithm.old_log_probs=update) as actor/...
+                  "rollout_probs_diff_mean": [m.get("training/rollout_probs_diff_mean", m.get("actor/rollout_probs_diff_mean"))
+                                              for m in lines if m["step"] > 0]}))
 PY
 }
 

@@ -44,7 +44,7 @@ from rl_factory.pipeline import RolloutPipeline, check_pipeline
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
-from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, update_policy
+from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, old_log_probs_mode, update_policy
 from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
@@ -91,7 +91,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     _seed_everything(seed)
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
-    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
+    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), old_log_probs_mode(alg, optim_cfg)
     check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
     # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
     scorer = build_scorer(reward_cfg)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig, value_loss
+from rl_factory.errors import ConfigError
 from rl_factory.types import Trajectory
 
 
@@ -38,6 +39,7 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     loss_agg: str = "token_mean"
+    old_log_probs: Literal["auto", "update", "rollout", "recompute"] = "auto"
     kl_coef: float = 0.0
     kl_kind: str = "low_var_kl"
     arena: ArenaConfig = field(default_factory=ArenaConfig)
@@ -133,6 +135,22 @@ def load_reference(model, alg: AlgorithmConfig):
     return ref
 
 
+def old_log_probs_mode(alg: AlgorithmConfig, optim: OptimConfig) -> str:
+    """`algorithm.old_log_probs` on the embedded backend: `rollout` (auto) or `update`.
+
+    The engine samples with the weights being trained, in the same process, so the log-probs it
+    recorded at each sampled token are the policy's: no pass of its own is needed before the update.
+    """
+    if alg.old_log_probs == "recompute":
+        raise ConfigError("algorithm.old_log_probs=recompute is a verl-backend mode: the embedded backend samples "
+                          "with the weights it trains, so its rollout log-probs already are the policy's (use auto, "
+                          "rollout or update)")
+    if alg.old_log_probs == "update" and (optim.ppo_epochs != 1 or optim.mini_batches != 1):
+        raise ConfigError("algorithm.old_log_probs=update needs one optimizer step per batch (optim.ppo_epochs=1, "
+                          f"optim.mini_batches=1); got ppo_epochs={optim.ppo_epochs}, mini_batches={optim.mini_batches}")
+    return "update" if alg.old_log_probs == "update" else "rollout"
+
+
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
                   optim: OptimConfig, ref_model=None, seed: int = 0, value_head=None) -> dict[str, float]:
     """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics.
@@ -151,6 +169,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     if not any(keep):
         return {"actor/trained_fraction": 0.0}
     loss_fn = get_policy_loss(alg.policy_loss)
+    own_old = old_log_probs_mode(alg, optim) == "update"
     rng = random.Random(seed)
     pad_id = policy.tokenizer.pad_token_id
     totals: dict[str, list[float]] = {}
@@ -173,7 +192,8 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                     logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
                 else:
                     logprobs, hidden = policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
-                loss, stats = loss_fn(logprobs, b["old_logprobs"], b["advantages"], b["loss_mask"],
+                old = logprobs.detach() if own_old else b["old_logprobs"]
+                loss, stats = loss_fn(logprobs, old, b["advantages"], b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
                 if ref_model is not None and alg.kl_coef > 0:

@@ -107,6 +107,44 @@ def test_update_skips_zero_advantage_trajectories_but_counts_their_tokens(policy
         assert torch.equal(p, o)
 
 
+def test_update_mode_trains_against_the_updates_own_log_probs(policy, base_policy):
+    """algorithm.old_log_probs=update: the recorded log-probs are ignored (here: deliberately stale, so that
+    rollout mode clips) and the ratio is exactly 1; the step equals rollout mode's with exact old log-probs."""
+    good = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=1.0, index=0)
+    stale = copy.copy(good)
+    stale.logprobs = [lp - 0.5 * m for lp, m in zip(good.logprobs, good.loss_mask)]  # ratio e^0.5 > 1.2: clipped
+
+    def step(traj, mode):
+        pol = copy.copy(base_policy)
+        pol.model = copy.deepcopy(base_policy.model)
+        optimizer = torch.optim.SGD(pol.model.parameters(), lr=0.1)
+        metrics = update_policy(pol, optimizer, constant_schedule(optimizer), [traj],
+                                AlgorithmConfig(old_log_probs=mode), OptimConfig(grad_clip=1e9))
+        return pol, metrics
+
+    own, metrics = step(stale, "update")
+    exact, _ = step(good, "rollout")
+    clipped, clipped_metrics = step(stale, "rollout")
+    assert metrics["actor/ratio_mean"] == 1.0 and metrics["actor/clipfrac"] == 0.0
+    assert clipped_metrics["actor/clipfrac"] == 1.0
+    for p, q in zip(own.model.parameters(), exact.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+    assert all(torch.equal(p, o) for p, o in zip(clipped.model.parameters(), base_policy.model.parameters()))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.old_log_probs=recompute"], "is a verl-backend mode"),
+    (["algorithm.old_log_probs=update", "optim.mini_batches=2"], "needs one optimizer step per batch"),
+    (["algorithm.old_log_probs=often"], "algorithm.old_log_probs"),
+])
+def test_embedded_old_log_probs_modes_it_cannot_honour_are_refused(overrides, message):
+    from rl_factory.update import old_log_probs_mode
+
+    cfg = load_config("grpo", overrides)
+    with pytest.raises(ConfigError, match=message):
+        old_log_probs_mode(section(cfg, "algorithm", AlgorithmConfig), section(cfg, "optim", OptimConfig))
+
+
 def test_micro_batches_bucket_by_length_under_a_token_budget():
     class Sample:
         def __init__(self, n):

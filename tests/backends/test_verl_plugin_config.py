@@ -224,3 +224,70 @@ def test_lora_syncs_merged_weights_unless_told_otherwise(tmp_path, tiny_model_di
     assert cfg.actor_rollout_ref.model.lora_rank == 8 and cfg.actor_rollout_ref.model.lora.merge is True
     raw = compose(tmp_path, tiny_model_dir, ["model.lora_rank=8"], raw=["actor_rollout_ref.model.lora.merge=false"])
     assert raw.actor_rollout_ref.model.lora.merge is False
+
+
+@pytest.mark.parametrize("overrides, raw, mode", [
+    ([], [], "update"),  # the default job: one epoch, one mini-batch
+    (["optim.mini_batches=2"], [], "recompute"),
+    (["optim.ppo_epochs=2"], [], "recompute"),
+    ([], ["actor_rollout_ref.actor.ppo_epochs=2"], "recompute"),  # verl's own key, read after the mapping
+    ([], ["trainer.use_v1=false"], "recompute"),
+    ([], ["algorithm.rollout_correction.rollout_is=token"], "recompute"),
+    (["algorithm.old_log_probs=rollout"], [], "rollout"),
+    (["algorithm.old_log_probs=recompute"], [], "recompute"),
+    ([], ["algorithm.rollout_correction.bypass_mode=true"], "rollout"),  # the user drives verl's switch
+])
+def test_old_log_probs_resolve_to_the_cheapest_exact_source(tmp_path, tiny_model_dir, overrides, raw, mode):
+    cfg = compose(tmp_path, tiny_model_dir, overrides, raw)
+    assert cfg.algorithm.rollout_correction.bypass_mode is (mode in ("update", "rollout"))
+    assert (cfg.ray_kwargs.ray_init.runtime_env.env_vars.get("RL_FACTORY_OLD_LOG_PROBS") == "update") is (mode == "update")
+
+
+@pytest.mark.parametrize("overrides, raw, message", [
+    (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "needs one optimizer step per batch"),
+    (["algorithm.old_log_probs=update"], ["trainer.use_v1=false"], "needs verl's V1 trainer"),
+    (["algorithm.old_log_probs=rollout"], ["algorithm.rollout_correction.rollout_is=token"], "rollout_is is set"),
+    (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"], "contradicts"),
+    (["algorithm.old_log_probs=sometimes"], [], "expected one of auto, update, rollout, recompute"),
+])
+def test_an_old_log_probs_mode_that_would_be_inexact_is_refused(tmp_path, tiny_model_dir, overrides, raw, message):
+    with pytest.raises(ConfigError, match=message):
+        compose(tmp_path, tiny_model_dir, overrides, raw)
+
+
+def test_update_mode_loss_uses_the_updates_own_log_probs_and_reports_vllms_distance():
+    """In the actor workers (RL_FACTORY_OLD_LOG_PROBS=update, from Ray's runtime_env) our registered loss gets
+    vLLM's log-probs as old_log_prob (verl's bypass mode) and trains against the update's own, detached: the
+    loss and gradient are those of a recomputed old log-prob equal to the current one (ratio 1)."""
+    probe = r"""
+import json, sys, torch, verl
+from verl.trainer.ppo import core_algos as c
+from verl.workers.config import ActorConfig
+torch.manual_seed(0)
+mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
+rollout = torch.randn(4, 3) - 1.0
+new = (rollout + 0.5 * torch.randn(4, 3)).requires_grad_()  # far enough from vLLM's that PPO would clip
+adv = torch.randn(4)[:, None] * mask
+cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.2, ppo_micro_batch_size_per_gpu=1)
+old = new.detach().clone() if sys.argv[1] == "exact" else rollout
+loss, metrics = c.get_policy_loss_fn("ppo_clip")(old, new, adv, mask, "token-mean", cfg)
+loss.backward()
+print(json.dumps({"loss": loss.item(), "grad": new.grad.tolist(), "metrics": metrics,
+                  "diff": ((new.detach().exp() - rollout.exp()).abs() * mask).sum().item() / mask.sum().item()}))
+"""
+    def run(arg, **env):
+        base = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RL_FACTORY_OLD_LOG_PROBS")}
+        out = subprocess.run([PYTHON, "-c", probe, arg], capture_output=True, text=True, env={**base, **env}, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    update = run("rollout", RL_FACTORY_OLD_LOG_PROBS="update")  # as in the workers: vLLM's log-probs arrive
+    exact = run("exact")  # recompute with old == the current policy's log-probs
+    rollout = run("rollout")  # rollout mode: vLLM's log-probs are the old ones
+    assert update["loss"] == pytest.approx(exact["loss"], abs=1e-7)
+    assert torch.allclose(torch.tensor(update["grad"]), torch.tensor(exact["grad"]), atol=1e-7)
+    assert update["metrics"]["actor/ratio_mean"] == 1.0 and update["metrics"]["actor/ppo_kl"] == 0.0
+    assert update["metrics"]["actor/pg_clipfrac"] == 0.0 and rollout["metrics"]["actor/pg_clipfrac"] > 0
+    assert not torch.allclose(torch.tensor(rollout["grad"]), torch.tensor(exact["grad"]), atol=1e-4)
+    assert update["metrics"]["actor/rollout_probs_diff_mean"] == pytest.approx(update["diff"], rel=1e-5)
+    assert "actor/rollout_probs_diff_mean" not in exact["metrics"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 ray = pytest.importorskip("ray")
@@ -26,8 +28,9 @@ from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E40
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
 
 
-def rollout_step(cfg, files, scripts):
-    """One V1 generation step as verl's trainer runs it; returns the rows read back from TransferQueue."""
+def rollout_step(cfg, files, scripts, then=None):
+    """One V1 generation step as verl's trainer runs it; returns the rows read back from TransferQueue
+    (and `then(keys)`'s result, run while TransferQueue still holds them)."""
     import transfer_queue as tq
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ
@@ -57,6 +60,8 @@ def rollout_step(cfg, files, scripts):
         # keys are {uid}_{session}_{output}: one output per trajectory, or one per turn (step context)
         listing = tq.kv_list(partition_id="train").get("train", {})
         keys = sorted(k for k in listing if k.startswith("prompt-0_"))
+        if then is not None:
+            return then(keys)
         return keys, tq.kv_batch_get(keys=keys, partition_id="train"), advantages(cfg, keys)
     finally:
         tq.close()
@@ -360,3 +365,45 @@ def test_v1_two_workers_arena_groups_meet_and_stdio_servers_stop(ray_cluster, ve
     while _marked_servers(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert _marked_servers(marker) == {}
+
+
+@pytest.mark.parametrize("mode", ["auto", "recompute"])
+def test_v1_trainer_skips_its_log_prob_pass_when_the_update_gives_the_old_log_probs(ray_cluster, verl_setup, mode):
+    """algorithm.old_log_probs: auto resolves to `update` for one optimizer step per batch. verl's own V1
+    `_compute_old_log_prob`, under the config we compose, then never calls the actor's forward and leaves
+    vLLM's sampling log-probs in old_log_probs (which our loss replaces by the update's own, detached:
+    tests/backends/test_verl_plugin_config.py); with `recompute` it calls the actor as verl always did."""
+    import transfer_queue as tq
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    cfg, files = verl_setup(f"algorithm.old_log_probs={mode}")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    assert cfg.algorithm.rollout_correction.bypass_mode is (mode == "auto")
+    assert (cfg.ray_kwargs.ray_init.runtime_env.env_vars.get("RL_FACTORY_OLD_LOG_PROBS") == "update") is (mode == "auto")
+    calls = []
+
+    class Actor:  # the actor worker group: what verl's trainer would ask of it
+        def compute_log_prob(self, batch):
+            calls.append(len(batch))
+            raise RuntimeError("the actor's forward pass was asked for")
+
+    def old_log_probs(keys):
+        trainer = SimpleNamespace(config=cfg, actor_rollout_wg=Actor())
+        try:
+            tags = tq.kv_list(partition_id="train")["train"]
+            batch = KVBatchMeta(keys=keys, tags=[tags[k] for k in keys], partition_id="train")
+            PPOTrainer._compute_old_log_prob(trainer, batch, metrics={})
+        except RuntimeError:
+            return None
+        return tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs", "rollout_log_probs"])
+
+    data = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=old_log_probs)
+    if mode == "recompute":
+        assert calls == [3] and data is None
+        return
+    assert calls == []
+    for i in range(3):
+        assert torch.equal(data["old_log_probs"][i], data["rollout_log_probs"][i])
+        assert len(data["old_log_probs"][i]) > 0

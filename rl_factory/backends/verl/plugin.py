@@ -39,6 +39,8 @@ from typing import Any
 log = logging.getLogger("rl_factory.verl")
 
 OPTIONS_ENV = "RL_FACTORY_ADVANTAGE_OPTIONS"
+# "update" (set by old_log_probs.py through Ray's runtime_env): the loss takes the update's own log-probs as the old ones
+OLD_LOG_PROBS_ENV = "RL_FACTORY_OLD_LOG_PROBS"
 # Outcome estimators verl does not get under their own name because verl has one of the same name.
 VERL_OWNS = ("grpo", "rloo", "gae")
 REGISTERED_ESTIMATORS: list[str] = []
@@ -98,17 +100,26 @@ def _policy_loss(name: str):
              rollout_is_weights=None):
         from verl.trainer.ppo.core_algos import agg_loss
 
-        from rl_factory.algorithms.losses import POLICY_LOSS_TERMS
+        from rl_factory.algorithms.losses import POLICY_LOSS_TERMS, masked_mean
 
         low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
         high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+        extra = {}
+        if os.environ.get(OLD_LOG_PROBS_ENV) == "update":
+            # algorithm.old_log_probs=update (old_log_probs.py): verl skipped its forward pass and put vLLM's
+            # sampling log-probs here; with one optimizer step per batch the policy that sampled is the one
+            # being updated, so its log-probs are this forward's own. vLLM's distance from them is the health
+            # check verl's skipped pass would have logged (it grows if vLLM samples stale weights).
+            extra["actor/rollout_probs_diff_mean"] = masked_mean(
+                (log_prob.detach().exp() - old_log_prob.exp()).abs(), response_mask.to(log_prob.dtype)).item()
+            old_log_prob = log_prob.detach()
         loss_mat, metrics = POLICY_LOSS_TERMS[name](log_prob, old_log_prob, advantages, response_mask, low, high)
         if rollout_is_weights is not None:
             loss_mat = loss_mat * rollout_is_weights
         value = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
                          **config.global_batch_info)
         return value, {"actor/pg_clipfrac": metrics["clipfrac"], "actor/ppo_kl": metrics["approx_kl"],
-                       "actor/ratio_mean": metrics["ratio_mean"]}
+                       "actor/ratio_mean": metrics["ratio_mean"], **extra}
 
     loss.__name__ = f"rl_factory_{name}"
     return loss
