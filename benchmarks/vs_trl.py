@@ -28,6 +28,7 @@ plus `ours_vs_trl_step_time` (target <= 0.8) and the load average before and aft
     .venv/bin/python benchmarks/vs_trl.py                       # the default job, 40 steps each
     .venv/bin/python benchmarks/vs_trl.py --tool-latency-ms 200
     .venv/bin/python benchmarks/vs_trl.py --steps 5 --skip-eval  # a quick look
+    .venv/bin/python benchmarks/vs_trl.py --only ours --skip-eval --repeats 3  # is the spread the work's or the machine's?
 
 TRL is an optional dependency (`pip install -e '.[bench]'`); without it TRL's side is skipped with
 a message and only ours runs.
@@ -67,6 +68,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="run directories (default: a temporary directory)")
     parser.add_argument("--skip-eval", action="store_true", help="no main_eval.sh of the final models")
     parser.add_argument("--only", choices=["ours", "trl"], default=None)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run ours this many times with the same seed (ours_repeats: each run's spread, and the "
+                             "spread of the work itself, the per-step median of the runs)")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL's side
     args = parser.parse_args()
     if args.trl_worker:
@@ -90,6 +94,12 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if args.only in (None, "ours"):
         result["ours"] = run_ours(args, out / "ours", manifest, model_dir, env)
+        if args.repeats > 1:
+            dirs = [out / "ours"]
+            for k in range(2, args.repeats + 1):
+                dirs.append(out / f"ours_repeat{k}")
+                run_ours(args, dirs[-1], manifest, model_dir, env)
+            result["ours_repeats"] = repeat_stats([metrics_lines(d) for d in dirs])
     if args.only in (None, "trl"):
         missing = trl_missing()
         if missing:
@@ -160,6 +170,40 @@ def run_ours(args, out: Path, manifest: Path, model_dir: Path, env: dict) -> dic
     checkpoints = sorted((out / "checkpoints").glob("step_*"))
     result["final_model"] = str(checkpoints[-1]) if checkpoints else None
     return result
+
+
+def metrics_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# Metrics that measure time (tool latencies; the engine's batching, which follows timing) rather than results.
+TIMED_PREFIXES = ("timing/", "engine/", "tool/latency_s/")
+
+
+def repeat_stats(runs: list[list[dict]]) -> dict[str, Any]:
+    """Same seed, same config, run after run: did they do the same work, and how much of each run's step-time
+    spread is the work's own?
+
+    `identical` checks every metric that is not a time (TIMED_PREFIXES) at every step, validation included.
+    `work_spread` is max/median over steps of the per-step median over the runs, each run's times divided by
+    that run's own median first: a step slow in one run only (the machine, not the work) and a run slow from
+    end to end both drop out, while a step that is slow because of its trajectories stays slow in every run.
+    """
+    def results(lines: list[dict]) -> list[dict]:
+        return [{k: v for k, v in m.items() if not k.startswith(TIMED_PREFIXES)} for m in lines]
+
+    first = results(runs[0])
+    times = [{m["step"]: m["timing/step_s"] for m in lines if m["step"] > 0} for lines in runs]
+    steps = sorted(times[0])
+    scaled = [{s: t[s] / statistics.median(t.values()) for s in steps} for t in times]
+    profile = [statistics.median(run[s] for run in scaled) for s in steps]
+    slowest = [max(t, key=t.get) for t in times]
+    return {"runs": len(runs), "identical": all(results(lines) == first for lines in runs[1:]),
+            "median_s": [round(statistics.median(t.values()), 3) for t in times],
+            "spread": [round(max(t.values()) / statistics.median(t.values()), 2) for t in times],
+            "slowest_step": slowest,
+            "work_spread": round(max(profile) / statistics.median(profile), 2),
+            "work_slowest_step": steps[profile.index(max(profile))]}
 
 
 def step_stats(times: list[float]) -> dict[str, Any]:
