@@ -85,8 +85,8 @@ def apply(cfg: DictConfig, requested: str, given: set[str]) -> str:
     values: dict[str, Any] = {}
     if BYPASS_KEY not in given:
         values[BYPASS_KEY] = mode in ("update", "rollout")
-    if mode == "update":
-        values[f"ray_kwargs.ray_init.runtime_env.env_vars.{MODE_ENV}"] = "update"
+    # always set, so a value left in the user's shell cannot reach the workers' loss instead
+    values[f"ray_kwargs.ray_init.runtime_env.env_vars.{MODE_ENV}"] = mode
     for key, value in values.items():
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     return f"old log-probs: {mode} ({why})"
