@@ -29,6 +29,10 @@ from rl_factory.errors import ConfigError
 from rl_factory.types import Trajectory
 
 
+# algorithm.old_log_probs: where the PPO ratio's denominator comes from (README: "Old log-probs")
+OldLogProbs = Literal["auto", "update", "rollout", "recompute"]
+
+
 @dataclass
 class AlgorithmConfig:
     """`algorithm.*`: estimator, policy loss and KL."""
@@ -39,7 +43,7 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     loss_agg: str = "token_mean"
-    old_log_probs: Literal["auto", "update", "rollout", "recompute"] = "auto"
+    old_log_probs: OldLogProbs = "auto"
     kl_coef: float = 0.0
     kl_kind: str = "low_var_kl"
     arena: ArenaConfig = field(default_factory=ArenaConfig)

@@ -25,15 +25,16 @@ trainer swaps in its own `bypass_mode` loss, so there `auto` recomputes and the 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from omegaconf import DictConfig, OmegaConf
 
 from rl_factory.backends.verl.plugin import OLD_LOG_PROBS_ENV as MODE_ENV  # read by our loss in the actor workers
 from rl_factory.config import ConfigError
+from rl_factory.update import OldLogProbs
 
 BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
-MODES = ("auto", "update", "rollout", "recompute")
+MODES = get_args(OldLogProbs)
 
 
 def one_optimizer_step(cfg: DictConfig) -> bool:

@@ -39,7 +39,7 @@ from typing import Any
 log = logging.getLogger("rl_factory.verl")
 
 OPTIONS_ENV = "RL_FACTORY_ADVANTAGE_OPTIONS"
-# "update" (set by old_log_probs.py through Ray's runtime_env): the loss takes the update's own log-probs as the old ones
+# The mode old_log_probs.py resolved, in Ray's runtime_env; "update": the loss takes the update's own log-probs as the old ones
 OLD_LOG_PROBS_ENV = "RL_FACTORY_OLD_LOG_PROBS"
 # Outcome estimators verl does not get under their own name because verl has one of the same name.
 VERL_OWNS = ("grpo", "rloo", "gae")
