@@ -95,9 +95,11 @@ def test_log_tracebacks_are_scrubbed():
 
 
 @pytest.mark.parametrize("debug", ["", "1"])
-def test_error_lines_and_uncaught_tracebacks_are_scrubbed(debug):
+def test_error_lines_and_uncaught_tracebacks_are_scrubbed(debug, tmp_path):
     # A path built from the key: the error names it (one line, or a traceback with RL_FACTORY_DEBUG=1).
-    out = cli("train", "reward.function=/nonexistent/${oc.env:%s}.py:reward" % VAR, RL_FACTORY_DEBUG=debug)
+    # Its own output directory: a finished default run in outputs/ (after `bash main_grpo.sh`) is refused first.
+    out = cli("train", "reward.function=/nonexistent/${oc.env:%s}.py:reward" % VAR, f"trainer.output_dir={tmp_path}",
+              RL_FACTORY_DEBUG=debug)
     assert out.returncode != 0
     assert "reward file not found" in out.stderr and SECRET not in out.stderr + out.stdout
     assert ("Traceback" in out.stderr) == bool(debug)
