@@ -213,13 +213,14 @@ def step_ends(log: Path, launched: float) -> dict[int, float]:
 
 def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     """Per-trajectory prompt / generated / total tokens of the measured steps (our rollouts files)."""
+    from rl_factory.jsonl import read_records
+
     prompts, generated, totals, turns = [], [], [], []
     for step in steps:
         path = run_dir / "rollouts" / f"step_{step:06d}.jsonl"
         if not path.exists():
             continue
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_records(path):  # model text: split on "\n" only (rl_factory/jsonl.py)
             prompts.append(r["prompt_tokens"]), generated.append(r["generated_tokens"])
             totals.append(r["total_tokens"]), turns.append(r["num_turns"])
     return {"prompt": prompts, "generated": generated, "total": totals, "turns": turns}

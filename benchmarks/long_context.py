@@ -137,8 +137,9 @@ def main() -> None:
     run_dir = out / f"run-{time.strftime('%H%M%S')}"
     lines, wall = run_verl(run_args, model, run_dir)
     numbers = step_numbers(lines, args.steps)
-    rollouts = [json.loads(x) for p in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
-                for x in p.read_text().splitlines()]
+    from rl_factory.jsonl import read_records
+
+    rollouts = [r for p in sorted((run_dir / "rollouts").glob("step_*.jsonl")) for r in read_records(p)]
     import yaml
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())

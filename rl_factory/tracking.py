@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.errors import UserError
+from rl_factory.jsonl import read_lines
 from rl_factory.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
@@ -108,7 +109,7 @@ def truncate_metrics(path: Path, resume_step: int) -> int:
         The number of lines dropped.
     """
     kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_lines(path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

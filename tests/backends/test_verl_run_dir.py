@@ -117,3 +117,36 @@ def test_a_resumed_validation_adds_to_its_step_and_changes_nothing_it_had(tmp_pa
     second.finish()
     (line,) = _lines(run)
     assert line["step"] == 1 and line["val/reward/mean"] == 1.0 and line["val-aux/extra"] == 2.0
+
+
+# ---- model text in rollouts: characters str.splitlines() breaks on ----
+
+LINE_BREAKERS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"  # not escaped by json.dumps(ensure_ascii=False)
+
+
+def test_rollouts_whose_text_holds_unicode_line_breaks_are_gathered_whole(tmp_path, caplog):
+    # seen on the H200 (2026-12-02): a random-init 4B model's first step wrote such characters and the
+    # run died in json.loads while logging step 1
+    records = [{**_record(0.0, session), "final_text": f"x{ch}y {ch}", "tool_calls": [{"name": f"c{ch}"}]}
+               for session, ch in enumerate(LINE_BREAKERS)]
+    for i in range(0, len(records), 3):  # several writes, as trajectories finish one by one
+        write_part(tmp_path, "train", 1, records[i:i + 3])
+    part = next((tmp_path / "rollouts" / ".parts" / "train_step_000001").glob("*.jsonl"))
+    assert len(part.read_text(encoding="utf-8").splitlines()) > len(records)  # what str.splitlines() would see
+    logger = _logger(tmp_path, resume=False)
+    logger.log({"timing_s/step": 1.0}, step=1)
+    kept = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text(encoding="utf-8").split("\n") if x]
+    assert [r["final_text"] for r in kept] == [r["final_text"] for r in records]
+    line = json.loads((tmp_path / "metrics.jsonl").read_text(encoding="utf-8"))
+    assert line["tool/calls"] == len(records) and not caplog.records
+
+
+def test_a_torn_line_from_a_killed_worker_costs_that_line_only(tmp_path, caplog):
+    write_part(tmp_path, "train", 1, [_record(1.0), _record(0.0, 1)])
+    (tmp_path / "rollouts" / ".parts" / "train_step_000001" / "other-1.jsonl").write_text(
+        json.dumps(_record(1.0, 2)) + "\n" + json.dumps(_record(1.0, 3))[:40], encoding="utf-8")
+    logger = _logger(tmp_path, resume=False)
+    logger.log({"timing_s/step": 1.0}, step=1)
+    kept = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert sorted(r["session"] for r in kept) == [0, 1, 2]
+    assert "other-1.jsonl line 2: not JSON" in caplog.text

@@ -34,6 +34,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rl_factory.jsonl import read_lines, read_records
+
 PARTS_DIR = Path("rollouts") / ".parts"
 LOGGER_NAME = "rl_factory"
 INVALID_TOOL = "_invalid"  # calls to names no server serves, pooled as ToolEnv.metrics() does
@@ -60,8 +62,8 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
     parts = out_dir / PARTS_DIR / f"{split}_step_{step:06d}"
     if not parts.is_dir():
         return []
-    lines = [json.loads(text) for part in sorted(parts.glob("*.jsonl"))
-             for text in part.read_text(encoding="utf-8").splitlines() if text.strip()]
+    # a killed worker can leave half a line: its other lines and the other workers' still count
+    lines = [record for part in sorted(parts.glob("*.jsonl")) for record in read_records(part, torn_ok=True)]
     lines.sort(key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
     name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
     target = out_dir / "rollouts" / name
@@ -165,12 +167,12 @@ class RunDirLogger:
         """The restored checkpoint's step, if the killed run saved it but never logged it: our metrics
         from its rollouts (verl's own metrics of that step are lost with the process)."""
         path = self.jsonl.path
-        if path.exists() and any(_step_of(x) == step for x in path.read_text(encoding="utf-8").splitlines()):
+        if path.exists() and any(_step_of(x) == step for x in read_lines(path)):
             return
         train = gather(self.out_dir, "train", step)  # killed between its checkpoint and its log
         done = self.out_dir / "rollouts" / f"step_{step:06d}.jsonl"
         if not train and done.exists():  # killed between gathering and writing the line
-            train = [json.loads(x) for x in done.read_text(encoding="utf-8").splitlines() if x.strip()]
+            train = read_records(done)
         if train:
             self.jsonl.log(self._ours({}, step, train), step=step)
 
@@ -180,7 +182,7 @@ class RunDirLogger:
 
         self.jsonl.close()
         path = self.jsonl.path
-        records = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+        records = read_records(path)
         old = next((r for r in records if r.get("step") == step), None)
         line = {k: _json_value(v) for k, v in line.items() if k != "step"}
         if old is None:
@@ -229,14 +231,14 @@ def drop_unfinished(out_dir: Path, resume: int) -> None:
 
 
 def _keep_rows(path: Path, resume: int, csv_rows: bool) -> None:
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = path.read_text(encoding="utf-8").split("\n")  # rl_factory.jsonl: "\n" is the only separator
     if csv_rows:  # header, then rows whose first column is the step
         kept = lines[:1] + [x for x in lines[1:] if not x.split(",", 1)[0].isdigit() or int(x.split(",", 1)[0]) < resume]
     else:
         kept = [x for x in lines if _step_of(x) is None or _step_of(x) < resume]
     if len(kept) != len(lines):
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.write_text("\n".join(kept), encoding="utf-8")
         tmp.replace(path)
 
 

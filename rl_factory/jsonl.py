@@ -1,0 +1,44 @@
+"""Reading JSON-lines files whose strings hold model text.
+
+Our writers keep non-ASCII text readable (`ensure_ascii=False`), so a line may contain U+2028, U+0085,
+form feeds or other characters that `str.splitlines()` treats as line breaks. JSON escapes only "\\n"
+(and "\\r") inside strings, so "\\n" is the only separator: splitting on anything else cuts a record
+in two. A random-init 4B model wrote such characters in its first step on the H200 (2026-12-02) and
+the verl run died in `json.loads` while gathering its rollouts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def lines(text: str) -> list[str]:
+    """The non-blank lines of a JSON-lines text, split on "\\n" only."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """`lines()` of a file; [] if it does not exist."""
+    path = Path(path)
+    return lines(path.read_text(encoding="utf-8")) if path.exists() else []
+
+
+def read_records(path: str | Path, *, torn_ok: bool = False) -> list[Any]:
+    """Every record of a JSON-lines file ([] if it does not exist).
+
+    With `torn_ok`, a line that does not parse (the tail a killed writer left) is skipped with a
+    warning naming the file and line; otherwise it raises `json.JSONDecodeError`.
+    """
+    out = []
+    for number, line in enumerate(read_lines(path), start=1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if not torn_ok:
+                raise
+            log.warning("%s line %d: not JSON (%s), skipped: a writer killed mid-line", path, number, exc.msg)
+    return out
