@@ -6,13 +6,12 @@ metrics too, so a number means the same thing in metrics.jsonl and in eval resul
 """
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from envs.secrets import redact_known
+from rl_factory import jsonl
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
 from rl_factory.types import EPISODE_FAILED, Trajectory
@@ -99,9 +98,9 @@ def write_rollouts(path: Path, trajs: list[Trajectory]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8", errors="backslashreplace") as f:
+        with tmp.open("w", encoding="utf-8", errors=jsonl.WRITE_ERRORS) as f:
             for traj in trajs:
-                f.write(redact_known(json.dumps(trajectory_record(traj), ensure_ascii=False, default=str)) + "\n")
+                f.write(jsonl.dumps(trajectory_record(traj)))
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)  # a failed write leaves no .tmp behind

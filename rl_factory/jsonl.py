@@ -1,4 +1,4 @@
-"""Reading JSON-lines files whose strings hold model text.
+"""JSON-lines files whose strings hold model and tool text: one way to write a line, one to split them.
 
 Our writers keep non-ASCII text readable (`ensure_ascii=False`), so a line may contain U+2028, U+0085,
 form feeds or other characters that `str.splitlines()` treats as line breaks. JSON escapes only "\\n"
@@ -13,7 +13,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from envs.secrets import redact_known
+
 log = logging.getLogger(__name__)
+# How files of such lines are opened for writing: a lone surrogate (a Python tool's text from
+# undecodable bytes) is written escaped instead of failing the write, and with it the step.
+WRITE_ERRORS = "backslashreplace"
+
+
+def dumps(record: Any) -> str:
+    """One line (newline included) for a record of model/tool text: non-ASCII kept readable, and every
+    secret this process knows scrubbed (`envs.secrets.redact_known`), as everything we write is."""
+    return redact_known(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
 
 
 def lines(text: str) -> list[str]:

@@ -150,3 +150,21 @@ def test_a_torn_line_from_a_killed_worker_costs_that_line_only(tmp_path, caplog)
     kept = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert sorted(r["session"] for r in kept) == [0, 1, 2]
     assert "other-1.jsonl line 2: not JSON" in caplog.text
+
+
+def test_verl_rollouts_are_scrubbed_and_survive_text_that_is_not_unicode(tmp_path):
+    # as the embedded backend's write_rollouts (tests/envs/test_tool_limits.py): a reward error quoting a
+    # key, and a lone surrogate from a Python tool's undecodable bytes, must neither leak nor fail the step
+    from envs.secrets import protect
+
+    secret = "sk-live-" + "run-dir-4d9e1b"
+    protect([secret])
+    bad = {**_record(0.0), "reward_info": {"reward_error": f"HTTP 401 for key {secret}"}, "final_text": "caf\udce9"}
+    write_part(tmp_path, "train", 1, [bad, _record(1.0, 1)])
+    logger = _logger(tmp_path, resume=False)
+    logger.log({"timing_s/step": 1.0}, step=1)
+    text = (tmp_path / "rollouts" / "step_000001.jsonl").read_text(encoding="utf-8")
+    assert secret not in text and "HTTP 401 for key ***" in text
+    kept = [json.loads(x) for x in text.splitlines()]
+    # written as the JSON escape \udce9, so it reads back as the same string: nothing lost
+    assert [r["session"] for r in kept] == [0, 1] and kept[0]["final_text"] == "caf\udce9"

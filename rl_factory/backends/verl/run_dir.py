@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rl_factory.jsonl import read_lines, read_records
+from rl_factory.jsonl import WRITE_ERRORS, dumps, read_lines, read_records
 
 PARTS_DIR = Path("rollouts") / ".parts"
 LOGGER_NAME = "rl_factory"
@@ -47,12 +47,12 @@ TIMING_NAMES = {"gen": "rollout", "update_actor": "update"}
 def write_part(out_dir: str | Path, split: str, step: int, lines: list[dict[str, Any]]) -> None:
     """Append scored rollouts lines of `split` at `step` to this process's part file."""
     part = Path(out_dir) / PARTS_DIR / f"{split}_step_{int(step):06d}" / f"{socket.gethostname()}-{os.getpid()}.jsonl"
-    text = "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines)
+    text = "".join(dumps(line) for line in lines)  # secrets scrubbed, as the embedded backend's rollouts
     try:  # the step's directory exists after its first trajectory: no mkdir per trajectory
-        f = part.open("a", encoding="utf-8")
+        f = part.open("a", encoding="utf-8", errors=WRITE_ERRORS)
     except FileNotFoundError:
         part.parent.mkdir(parents=True, exist_ok=True)
-        f = part.open("a", encoding="utf-8")
+        f = part.open("a", encoding="utf-8", errors=WRITE_ERRORS)
     with f:  # one write per call: a reader never sees half a line
         f.write(text)
 
@@ -68,7 +68,7 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
     name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
     target = out_dir / "rollouts" / name
     tmp = target.with_name(f".{name}.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in lines), encoding="utf-8")
+    tmp.write_text("".join(dumps(r) for r in lines), encoding="utf-8", errors=WRITE_ERRORS)
     tmp.replace(target)
     shutil.rmtree(parts, ignore_errors=True)
     return lines
