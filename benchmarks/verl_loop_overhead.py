@@ -89,7 +89,7 @@ def note(text: str) -> None:
     print(f"verl_loop_overhead: {text}", file=sys.stderr, flush=True)
 
 
-def compose(loop: str, prompts: int, n: int, work: Path, workers: int):
+def compose(loop: str, prompts: int, n: int, work: Path, workers: int, model: str | None = None):
     """verl's config for the calculator job with `loop`, composed the way main_grpo.sh composes it."""
     from omegaconf import OmegaConf
 
@@ -109,7 +109,7 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int):
                                          f"data.train_batch_size={prompts}"]))
     raw = verl_tool_agent.overrides(ours.env.max_turns) if loop == "verl_tool_agent" else []
     files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), work / f"{loop}_data").items()}
-    cfg = compose_verl(ours, raw, files, str(builtin_tokenizer_dir()))
+    cfg = compose_verl(ours, raw, files, model or str(builtin_tokenizer_dir()))
     OmegaConf.resolve(cfg)
     # CPU-sized: one TransferQueue storage actor; agent-loop and reward workers as many as the cores
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
@@ -128,7 +128,7 @@ def measure(loop: str, args: argparse.Namespace, work: Path) -> dict:
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.tokenizer import hf_tokenizer
 
-    cfg, files = compose(loop, args.prompts, args.n, work, args.workers)
+    cfg, files = compose(loop, args.prompts, args.n, work, args.workers, args.model)
     tokenizer = hf_tokenizer(cfg.actor_rollout_ref.model.path)
     dataset = RLHFDataset(data_files=files["train"], tokenizer=tokenizer, config=cfg.data)
     rows = collate_fn([dataset[i] for i in range(len(dataset))])
@@ -186,6 +186,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
                     help="agent-loop and reward workers (verl's default on a GPU node is 8)")
     ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
+    # only its tokenizer and chat template are used (the model is scripted); building the builtin one
+    # trains it for minutes on a 2-core machine with an empty cache
+    ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model, built if missing)")
     ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
                     choices=["rl_factory", "verl_tool_agent"])
     args = ap.parse_args()

@@ -13,9 +13,11 @@ pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_both_loops_finish_their_groups_and_their_cost_is_counted_by_process():
+def test_both_loops_finish_their_groups_and_their_cost_is_counted_by_process(tiny_model_dir):
+    # the session's tiny model: the script would otherwise build the builtin one in the session's empty cache
     proc = subprocess.run([sys.executable, "benchmarks/verl_loop_overhead.py", "--prompts", "2", "--n", "2",
-                           "--repeats", "1", "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=420)
+                           "--repeats", "1", "--workers", "1", "--model", str(tiny_model_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     for loop in ("rl_factory", "verl_tool_agent"):
