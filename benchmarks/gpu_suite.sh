@@ -48,10 +48,24 @@ SHARED="actor_rollout_ref.rollout.gpu_memory_utilization=0.06 +ray_kwargs.ray_in
 
 learn_run() {  # name, overrides...: one verl run of the default job; its summary as a JSON line
   local name=$1; shift
-  # shellcheck disable=SC2086
-  bash main_grpo.sh trainer.backend=verl trainer.n_gpus_per_node=1 trainer.output_dir=outputs/gpu_suite/$name \
-       $SHARED "$@" 2>&1 | $PY benchmarks/stamp.py outputs/gpu_suite/$name.log
-  local code=${PIPESTATUS[0]}
+  local code attempt
+  for attempt in 1 2; do
+    # shellcheck disable=SC2086
+    bash main_grpo.sh trainer.backend=verl trainer.n_gpus_per_node=1 trainer.output_dir=outputs/gpu_suite/$name \
+         $SHARED "$@" 2>&1 | $PY benchmarks/stamp.py outputs/gpu_suite/$name.log
+    code=${PIPESTATUS[0]}
+    # verl picks its FSDP rendezvous port by binding port 0, closing it and binding it again in the worker
+    # (single_controller/ray/base.py get_master_addr_port); with several jobs starting on one host another
+    # process can take it in between (H200, 2026-12-02: one of four). Such a job never trained: start it again.
+    if [ "$code" != 0 ] && [ "$attempt" = 1 ] && grep -q EADDRINUSE "outputs/gpu_suite/$name.log" \
+       && ! grep -q '"step": 1,' "outputs/gpu_suite/$name/metrics.jsonl" 2>/dev/null; then
+      echo "learn_run $name: verl's rendezvous port was taken before the first step; starting it again" >&2
+      mv "outputs/gpu_suite/$name.log" "outputs/gpu_suite/$name.port-race.log"
+      rm -rf "outputs/gpu_suite/$name"
+      continue
+    fi
+    break
+  done
   $PY - "$name" "$code" <<'PY' >> "$RESULTS"
 import json, sys
 from pathlib import Path
