@@ -1,9 +1,9 @@
 """JSON-lines files whose strings hold model and tool text: one way to write a line, one to split them.
 
-Our writers keep non-ASCII text readable (`ensure_ascii=False`), so a line may contain U+2028, U+0085,
-form feeds or other characters that `str.splitlines()` treats as line breaks. JSON escapes only "\\n"
-(and "\\r") inside strings, so "\\n" is the only separator: splitting on anything else cuts a record
-in two. A random-init 4B model wrote such characters in its first step on the H200 (2026-12-02) and
+Our writers keep non-ASCII text readable (`ensure_ascii=False`), so a line may contain U+0085, U+2028 or
+U+2029, which `str.splitlines()` treats as line breaks (JSON escapes only the control characters below
+U+0020 inside strings, "\\n" among them). So "\\n" is the only separator: splitting on anything else cuts
+a record in two. A random-init 4B model wrote such characters in its first step on the H200 (2026-12-02) and
 the verl run died in `json.loads` while gathering its rollouts.
 """
 from __future__ import annotations

@@ -121,7 +121,8 @@ def test_a_resumed_validation_adds_to_its_step_and_changes_nothing_it_had(tmp_pa
 
 # ---- model text in rollouts: characters str.splitlines() breaks on ----
 
-LINE_BREAKERS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"  # not escaped by json.dumps(ensure_ascii=False)
+# what str.splitlines() breaks at: the first three stay raw under json.dumps(ensure_ascii=False), the rest are escaped
+LINE_BREAKERS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
 
 
 def test_rollouts_whose_text_holds_unicode_line_breaks_are_gathered_whole(tmp_path, caplog):
