@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 
 log = logging.getLogger("rl_factory")
@@ -144,7 +145,7 @@ def _sample(rows: list[dict] | None, record: dict) -> dict:
 
 def _write(out: Path, items: list, trajs: list[Trajectory], old: list, reward_name: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "rescore.csv").open("w", newline="", encoding="utf-8") as f:
+    with (out / "rescore.csv").open("w", newline="", encoding="utf-8", errors=WRITE_ERRORS) as f:  # model text
         writer = csv.writer(f)
         writer.writerow(["split", "step", "sample", "id", "old_reward", "new_reward", "difference", "completion"])
         for (split, step, rec), traj, before in zip(items, trajs, old):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.fingerprint import flatten
+from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.tracking import json_safe
 from rl_factory.report.data import RunData, load_run
 from rl_factory.report.figures import build_figures
@@ -57,7 +58,8 @@ def write_report(run_dirs: str | Path | Sequence[str | Path], out: str | Path | 
     html = render_report(dirs, max_trajectories=max_trajectories, progress=progress, title=title)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
+    # a lone surrogate in a trajectory (rl_factory.jsonl.WRITE_ERRORS) becomes its JSON escape in the data block
+    tmp.write_text(html, encoding="utf-8", errors=WRITE_ERRORS)
     tmp.replace(out)
     return out
 

@@ -105,6 +105,16 @@ def test_page_is_self_contained_and_survives_hostile_text(arena_run, tmp_path):
     assert next(t for t in data["trajectories"] if t["step"] == 4)["reward"] is None  # NaN -> null
 
 
+def test_text_that_is_not_unicode_or_breaks_lines_keeps_the_report_written(arena_run):
+    # a lone surrogate (a Python tool's undecodable bytes) and the characters str.splitlines() breaks at:
+    # the report used to stop being written for the rest of the run (UnicodeEncodeError, a warning)
+    odd = "caf\udce9 \u2028 x\x85y"
+    write_rollouts(arena_run / "rollouts" / "step_000004.jsonl", [make_traj(98, odd, 1.0)])
+    data = page_data(write_report(arena_run).read_text(encoding="utf-8"))
+    texts = [m["content"] for t in data["trajectories"] for m in t["messages"]]
+    assert any(odd in t for t in texts)
+
+
 def test_several_runs_overlay_and_show_their_config_differences(arena_run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(arena_run, other)
