@@ -27,15 +27,11 @@ def dumps(record: Any) -> str:
     return redact_known(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
 
 
-def lines(text: str) -> list[str]:
-    """The non-blank lines of a JSON-lines text, split on "\\n" only."""
-    return [line for line in text.split("\n") if line.strip()]
-
-
 def read_lines(path: str | Path) -> list[str]:
-    """`lines()` of a file; [] if it does not exist."""
+    """The non-blank lines of a JSON-lines file, split on "\\n" only; [] if it does not exist."""
     path = Path(path)
-    return lines(path.read_text(encoding="utf-8")) if path.exists() else []
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return [line for line in text.split("\n") if line.strip()]
 
 
 def read_records(path: str | Path, *, torn_ok: bool = False) -> list[Any]:
