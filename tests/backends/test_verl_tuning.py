@@ -74,6 +74,29 @@ def test_missing_rollout_engine_is_one_line_naming_the_install():
         check_rollout_engine(cfg)
 
 
+@pytest.mark.parametrize("value_head_in", [None, "trl.experimental.ppo", "trl"])
+def test_a_trl_that_verls_workers_cannot_import_from_is_refused_before_ray_starts(tmp_path, value_head_in):
+    """verl's FSDP workers import trl's value-head model whenever trl is importable: trl 1.16 has none."""
+    import os
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "trl"
+    (pkg / "experimental" / "ppo").mkdir(parents=True)
+    for module in ("trl", "trl.experimental", "trl.experimental.ppo"):
+        body = "class AutoModelForCausalLMWithValueHead: ...\n" if module == value_head_in else ""
+        (tmp_path / module.replace(".", "/") / "__init__.py").write_text(body)
+    (tmp_path / "trl-9.9.dist-info").mkdir()
+    (tmp_path / "trl-9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: trl\nVersion: 9.9\n")
+    code = "from rl_factory.backends.verl.launcher import check_trl; check_trl(); print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    if value_head_in is None:
+        assert "ConfigError: trl 9.9 is installed beside verl" in proc.stderr and "pip uninstall trl" in proc.stderr
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_a_model_too_large_for_the_gpus_stops_the_launch_with_one_line(tmp_path):
     """Only config.json is needed: the plan counts parameters on the meta device."""
     import os

@@ -181,6 +181,29 @@ def check_rollout_engine(cfg: DictConfig) -> None:
                           "verl backend with `bash setup.sh --verl` (pip install -e '.[verl]': verl with vLLM)")
 
 
+def check_trl() -> None:
+    """verl's FSDP workers import trl's AutoModelForCausalLMWithValueHead whenever trl is importable
+    (verl/models/transformers/monkey_patch.py, from trl.experimental.ppo or trl); trl 1.16 has it in neither
+    place, and the actor dies at start-up (H200, 2026-12-02, with `.[bench]` installed beside `.[verl]`)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return
+    for module in ("trl.experimental.ppo", "trl"):
+        try:
+            if hasattr(importlib.import_module(module), "AutoModelForCausalLMWithValueHead"):
+                return
+        except ImportError:
+            continue
+    from importlib.metadata import version
+
+    raise ConfigError(f"trl {version('trl')} is installed beside verl, whose FSDP workers import trl's "
+                      "AutoModelForCausalLMWithValueHead, which this trl no longer has: the actor would fail at "
+                      "start-up. Remove trl from this environment (pip uninstall trl); only benchmarks/vs_trl.py "
+                      "needs it, from another environment")
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -195,6 +218,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"verl rejected the config: {exc}") from None
     check_gpus(cfg)
     check_rollout_engine(cfg)
+    check_trl()
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
