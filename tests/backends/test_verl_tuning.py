@@ -1,13 +1,15 @@
 """The verl performance plan for real model shapes (pure arithmetic: no GPU, no verl import)."""
 import pytest
 
-from rl_factory.backends.verl.tuning import GIB, ModelDoesNotFit, ModelShape, plan
+from rl_factory.backends.verl.tuning import GIB, MIN_KV_BYTES, ModelDoesNotFit, ModelShape, plan
 
 H200 = 143771 * 1024**2
 QWEN3_06B = ModelShape(params=596_049_920, layers=28, hidden=1024, heads_dim=2048, kv_dim=1024,
                        intermediate=3072, vocab=151936)
 QWEN3_4B = ModelShape(params=4_022_468_096, layers=36, hidden=2560, heads_dim=4096, kv_dim=1024,
                       intermediate=9728, vocab=151936)
+# the builtin tiny model (ModelShape.from_path of the one main_grpo.sh builds)
+TINY = ModelShape(params=869_120, layers=4, hidden=128, heads_dim=128, kv_dim=64, intermediate=384, vocab=635)
 QWEN3_32B = ModelShape(params=32_762_123_264, layers=64, hidden=5120, heads_dim=8192, kv_dim=1024,
                        intermediate=25600, vocab=151936)
 
@@ -61,6 +63,24 @@ def test_vllm_streams_only_a_requests_first_token_and_final_output():
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval"
     assert _values(None, vllm_request_tokens=1536)[key] == 1536
     assert key not in _values(None)  # another rollout engine (sglang) has no such argument
+
+
+def test_vllm_kv_cache_holds_the_steps_trajectories_instead_of_filling_its_memory_share():
+    # verl's prefix-cache reset at each weight sync walks every KV block: a tiny model's cache sized by the 0.6
+    # share would be ~5M blocks
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)  # 16 prompts x 8, 1024 + 512 tokens
+    assert _values(TINY, **job)[key] == MIN_KV_BYTES  # 128 x 1536 tokens x 1 KiB, twice over: 0.4 GB
+    tokens = 128 * 1536
+    assert _values(QWEN3_06B, **job)[key] == 2 * tokens * (2 * 28 * 1024 * 2)  # 45 GB of the ~79 GB the share leaves
+    assert _values(QWEN3_06B, **{**job, "concurrency": 64})[key] == tokens * (2 * 28 * 1024 * 2)
+    # more than the share holds (4B: 58 GB > ~51 GB; 0.6B at 32 prompts x 8 or 8k-token trajectories): vLLM
+    # sizes it from its share, as before
+    assert key not in _values(QWEN3_4B, **job)
+    assert key not in _values(QWEN3_06B, **{**job, "concurrency": 256})
+    assert key not in _values(QWEN3_06B, **{**job, "longest_sequence": 8192})
+    assert key not in _values(QWEN3_06B, concurrency=128)  # not vLLM
+    assert key not in _values(None, **job)  # shape unknown
 
 
 def test_missing_rollout_engine_is_one_line_naming_the_install():

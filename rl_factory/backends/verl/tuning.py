@@ -39,6 +39,14 @@ MAX_TOKENS_PER_MICRO = 32768   # above this, fewer micro-batches buy nothing
 ACTIVATION_SLACK = 2
 ROLLOUT_MEMORY_SHARE = 0.6     # vLLM's share when the trainer's state leaves room for it
 ASSUMED_GPU_BYTES = 80 * GIB   # when no GPU is visible here (--cfg job on a CPU machine, a remote Ray cluster)
+# vLLM's KV cache: room for every trajectory a replica decodes at once at full length, twice over (no
+# preemption), at least MIN_KV_BYTES. verl resets vLLM's prefix cache when it wakes vLLM for a weight sync,
+# and vLLM's reset is a Python loop over every KV block: a share of the GPU given to a small model's KV cache
+# is millions of blocks (the builtin tiny model's 1 KiB a token in ~80 GB: ~5M blocks; 4.9M took 0.2 s a loop
+# on a 2-core VM with vLLM 0.24's own KVCacheBlock.reset_hash).
+KV_SLACK = 2
+MIN_KV_BYTES = 1 * GIB
+VLLM_RUNTIME_BYTES = 4 * GIB   # vLLM's activations, CUDA graphs and sampler beside its weights and KV cache
 
 
 @dataclass
@@ -70,6 +78,10 @@ class ModelShape:
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         return cls(params, text.num_hidden_layers, text.hidden_size, text.num_attention_heads * head_dim,
                    kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size)
+
+    def kv_bytes_per_token(self) -> int:
+        """vLLM's KV cache for one token: keys and values of every layer, bf16."""
+        return 2 * self.layers * self.kv_dim * 2
 
     def activation_bytes_per_token(self, checkpointing: bool) -> int:
         layer = 2 * (6 * self.hidden + 3 * self.heads_dim + 2 * self.kv_dim + 4 * self.intermediate)
@@ -182,4 +194,13 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     share = round(max(0.1, min(ROLLOUT_MEMORY_SHARE, room)), 2)
     out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
             f"vLLM's weights and KV cache beside {static / GIB:.0f} GiB of training state")
+    if vllm_request_tokens > 0 and concurrency > 0:
+        # per GPU as if unsharded: tensor parallelism only makes the real need smaller
+        need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
+        room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
+        if need < room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
+            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", need,
+                    f"{need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, twice "
+                    f"over, instead of the ~{room / GIB:.0f} GiB left in vLLM's share, whose every block verl's "
+                    "prefix-cache reset walks at each weight sync")
     return out
