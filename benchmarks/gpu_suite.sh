@@ -14,6 +14,7 @@
 #                                            # (verl's launched 150 s after ours, to fit one call)
 #   bash benchmarks/gpu_suite.sh compare_one rl_factory|verl_tool_agent  # each alone, one call each
 #   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
+#   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (needs trl from .[bench])
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
 # Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
 #   bash benchmarks/gpu_suite.sh two_gpu [one] [tp1] [tp2]  # 0.6B shape: 1 GPU (16 prompts), 2 GPUs with two vLLM
@@ -201,6 +202,11 @@ case "${1:-}" in
       $PY benchmarks/compare_loops.py outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json \
           >> "$RESULTS"
     fi ;;
+  trl_vllm)  # compare's job (builtin tiny model, 16 x 8, 256-token turns, lr 1e-6, 8 steps) on TRL with vLLM
+    $PY benchmarks/vs_trl.py --only trl --device cuda --vllm --steps 8 --skip-eval --max-response-tokens 256 --lr 1e-6 \
+        --out outputs/gpu_suite/trl_vllm > outputs/gpu_suite/trl_vllm.json 2> outputs/gpu_suite/trl_vllm.log
+    code=$?; cat outputs/gpu_suite/trl_vllm.json >> "$RESULTS"; [ $code = 0 ] || tail -30 outputs/gpu_suite/trl_vllm.log
+    exit $code ;;
   large)
     $PY benchmarks/gpu_step.py --shape qwen3-4b --steps 3 --no-ceilings --out outputs/gpu_suite "${@:2}" >> "$RESULTS" ;;
   large_lora)

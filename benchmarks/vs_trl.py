@@ -30,6 +30,13 @@ plus `ours_vs_trl_step_time` (target <= 0.8) and the load average before and aft
     .venv/bin/python benchmarks/vs_trl.py --steps 5 --skip-eval  # a quick look
     .venv/bin/python benchmarks/vs_trl.py --only ours --skip-eval --repeats 3  # is the spread the work's or the machine's?
 
+On a GPU, `--device cuda --vllm` gives TRL vLLM for generation (`use_vllm=True`, colocated: vLLM in the
+trainer's process, weights copied into it before each step's generation) and bf16 autocast, as TRL's GPU
+recipes run it; `--max-response-tokens` and `--lr` set the job for both sides (ours: `model.device=cuda` on the
+embedded backend). The verl table's TRL row (README) is
+
+    python benchmarks/vs_trl.py --only trl --device cuda --vllm --steps 8 --skip-eval --max-response-tokens 256 --lr 1e-6
+
 TRL is an optional dependency (`pip install -e '.[bench]'`); without it TRL's side is skipped with
 a message and only ours runs.
 """
@@ -71,8 +78,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run ours this many times with the same seed (ours_repeats: each run's spread, and the "
                              "spread of the work itself, the per-step median of the runs)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--vllm", action="store_true", help="TRL generates with vLLM, colocated (needs --device cuda)")
+    parser.add_argument("--vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization")
+    parser.add_argument("--max-response-tokens", type=int, default=JOB["max_response_tokens"], help="per turn, both sides")
+    parser.add_argument("--lr", type=float, default=JOB["lr"], help="both sides")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL's side
     args = parser.parse_args()
+    if args.vllm and args.device != "cuda":
+        parser.error("--vllm needs --device cuda")
     if args.trl_worker:
         trl_worker(json.loads(Path(args.trl_worker).read_text()))
         return
@@ -86,7 +100,8 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     tools, model_dir = asyncio.run(calculator_model())
     manifest = slow_manifest(out, args.tool_latency_ms)
     result: dict[str, Any] = {"benchmark": "vs_trl", "steps": args.steps, "tool_latency_ms": args.tool_latency_ms,
-                              "job": {**JOB, "seed": args.seed}, "model": str(model_dir)}
+                              "job": job(args), "model": str(model_dir), "device": args.device,
+                              "trl_generation": "vllm (colocate)" if args.vllm else "transformers generate()"}
     # Both sides get the same torch threads: the machine's cores, as a user's job gets them (torch's
     # default), unless OMP_NUM_THREADS says otherwise (=1 is the earlier tables' setting).
     threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
@@ -120,6 +135,11 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return result
 
 
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """JOB with this invocation's seed and overrides: what both sides train."""
+    return {**JOB, "seed": args.seed, "max_response_tokens": args.max_response_tokens, "lr": args.lr}
+
+
 async def calculator_model() -> tuple[list[dict], Path]:
     """The calculator's MCP tool schemas, and the tiny model built for them (cached after the first build)."""
     from envs import ToolEnv
@@ -150,7 +170,8 @@ def run_ours(args, out: Path, manifest: Path, model_dir: Path, env: dict) -> dic
     # the built model's directory, not builtin:: `seed` would otherwise also pick another model to build
     cmd = ["bash", str(ROOT / "main_grpo.sh"), f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}",
            f"env.tools={manifest}", "trainer.progress=false", "trainer.resume=never", f"seed={args.seed}",
-           f"model.path={model_dir}"]
+           f"model.path={model_dir}", f"model.device={args.device}",
+           f"rollout.max_response_tokens={args.max_response_tokens}", f"optim.lr={args.lr}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -236,7 +257,8 @@ def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict) -> d
     """TRL in a process of its own, like ours (same threads, a fresh interpreter)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = {"out": str(out), "model": str(model_dir), "schema": tools[0], "steps": args.steps,
-            "latency_s": args.tool_latency_ms / 1000, "seed": args.seed}
+            "latency_s": args.tool_latency_ms / 1000, "seed": args.seed, "job": job(args), "device": args.device,
+            "vllm": args.vllm, "vllm_memory": args.vllm_memory}
     (out / "spec.json").write_text(json.dumps(spec))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--trl-worker", str(out / "spec.json")], cwd=ROOT, env=env,
@@ -340,16 +362,20 @@ def trl_worker(spec: dict) -> None:
     else:
         tokenizer.response_schema = trl_chat.qwen3_schema
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    job, cuda = spec["job"], spec["device"] == "cuda"
+    # per turn, as ours: vLLM's SamplingParams name it max_tokens, generate() max_new_tokens
+    per_turn = {"max_tokens" if spec["vllm"] else "max_new_tokens": job["max_response_tokens"]}
+    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": spec["vllm_memory"],
+            "vllm_max_model_length": job["max_total_tokens"] + 64} if spec["vllm"] else {}
     config = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=True, bf16=False,
-        per_device_train_batch_size=JOB["prompts"] * JOB["n"], gradient_accumulation_steps=1,
-        num_generations=JOB["n"], temperature=JOB["temperature"], top_p=1.0,
-        learning_rate=JOB["lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=JOB["warmup_steps"],
-        weight_decay=0.0, max_grad_norm=JOB["grad_clip"], beta=0.0, epsilon=0.2, loss_type="dapo",
-        max_completion_length=JOB["max_total_tokens"] - 64,  # the prompt is ~60 tokens of the 512
-        generation_kwargs={"max_new_tokens": JOB["max_response_tokens"]},  # per turn, as ours
-        max_tool_calling_iterations=JOB["max_turns"] - 1,
-        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=not cuda, bf16=cuda,
+        per_device_train_batch_size=job["prompts"] * job["n"], gradient_accumulation_steps=1,
+        num_generations=job["n"], temperature=job["temperature"], top_p=1.0,
+        learning_rate=job["lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=job["warmup_steps"],
+        weight_decay=0.0, max_grad_norm=job["grad_clip"], beta=0.0, epsilon=0.2, loss_type="dapo",
+        max_completion_length=job["max_total_tokens"] - 64,  # the prompt is ~60 tokens of the 512
+        generation_kwargs=per_turn, max_tool_calling_iterations=job["max_turns"] - 1,
+        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, **vllm)
     trainer = Timed(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer,
                     tools=[calculator], callbacks=[StepTimes()])
     trainer.train()
