@@ -2,9 +2,10 @@
 
 verl's own defaults suit none of our runs well: flash-attn-only padding-free attention, padded
 fixed-size micro-batches, full-vocab fp32 logits for every log-prob, gradient checkpointing always on,
-and a vLLM memory share that ignores what the trainer keeps on the GPU. `plan()` decides each of these
-for the model at hand (its shape read from its config, its size counted on the meta device) and the
-GPU's memory, and says why in one line each; any of these keys set on the command line wins.
+a vLLM memory share that ignores what the trainer keeps on the GPU, and a KV cache that fills that share.
+`plan()` decides each of these for the model at hand (its shape read from its config, its size counted on
+the meta device) and the GPU's memory, and says why in one line each; any of these keys set on the command
+line wins.
 
 The memory model (bytes, per GPU, FSDP over `gpus` ranks, bf16 compute, fp32 master weights as verl
 keeps them):
@@ -197,10 +198,10 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     if vllm_request_tokens > 0 and concurrency > 0:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
         need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
-        room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
-        if need < room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
+        kv_room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
+        if need < kv_room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
             out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", need,
                     f"{need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, twice "
-                    f"over, instead of the ~{room / GIB:.0f} GiB left in vLLM's share, whose every block verl's "
+                    f"over, instead of the ~{kv_room / GIB:.0f} GiB left in vLLM's share, whose every block verl's "
                     "prefix-cache reset walks at each weight sync")
     return out
