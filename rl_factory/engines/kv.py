@@ -21,11 +21,14 @@ KV_BLOCK = 64
 def min_rows() -> int:
     """Rows (or query tokens) a forward must have for BLAS to use the same kernel on every row.
 
-    MKL computes fewer than 4 rows with other kernels, and splits rows across threads in chunks
-    whose tail may be that small; from 8 rows per thread up, each row's result is the same bits
-    whatever the batch size. Below it, the engine pads the batch with scratch rows.
+    MKL computes a few rows with other kernels than many, and splits rows across threads in chunks
+    whose tail may be that small. How few depends on the CPU: on one Xeon fewer than 4 rows of any
+    shape; on an AVX-512 Xeon (torch 2.13, one thread) fewer than 16 rows once a matmul sums over
+    384 or more (the tiny model's MLP down-projection: 15 row counts gave other bits), fewer than 6 for
+    128. From 16 rows per thread up, each row's result is the same bits whatever the batch size on
+    both (tests/engines/test_hf_engine.py). Below it, the engine pads the batch with scratch rows.
     """
-    return 8 * max(1, torch.get_num_threads())
+    return 16 * max(1, torch.get_num_threads())
 
 
 def attention_masks(positions: torch.Tensor, width: int, sliding_window: int | None = None) -> dict:
@@ -72,16 +75,14 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     scores = (scores.view(rows, kv_heads, group, q_len, -1) + attention_mask[:, :, None]).view(
         rows, kv_heads, group * q_len, -1)
     probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
-    if q_len == 1:  # decode: one product (measured: none of 400 random decode shapes depends on the width)
-        out = torch.matmul(probs, value)
-    else:
-        # Prefill, many queries: BLAS sums the product over the keys in blocks of its own choosing, which
-        # change with the width (a row prefilled after a kept cache got other bits at width 256 than at
-        # 192 or 320: 59 of 150 random shapes depended on the width). Summed KV_BLOCK keys at a time, in
-        # order, the blocks past a query's position add exact zeros, so the width cannot matter.
-        out = torch.matmul(probs[..., :KV_BLOCK], value[:, :, :KV_BLOCK])
-        for start in range(KV_BLOCK, key.shape[2], KV_BLOCK):
-            out = out + torch.matmul(probs[..., start:start + KV_BLOCK], value[:, :, start:start + KV_BLOCK])
+    # BLAS sums the product over the keys in blocks of its own choosing, which change with the width: a row
+    # prefilled after a kept cache got other bits at width 256 than at 192 or 320 (59 of 150 random prefill
+    # shapes depended on the width), and on an AVX-512 Xeon a decode step at position 300 got other bits at
+    # width 448 than at 320 (none of 400 decode shapes had on the machine before). Summed KV_BLOCK keys at a
+    # time, in order, the blocks past a query's position add exact zeros, so the width cannot matter.
+    out = torch.matmul(probs[..., :KV_BLOCK], value[:, :, :KV_BLOCK])
+    for start in range(KV_BLOCK, key.shape[2], KV_BLOCK):
+        out = out + torch.matmul(probs[..., start:start + KV_BLOCK], value[:, :, start:start + KV_BLOCK])
     return out.view(rows, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 

@@ -160,15 +160,15 @@ async def test_slots_are_allocated_once_at_full_size_and_change_no_bits(model, t
     params = [SamplingParams(1.0, 1.0, 40, seed=200 + i) for i in range(len(prompts))]
     delays = [0.0, 0.01, 0.0, 0.02, 0.0, 0.005, 0.0]
 
-    whole = engine_for(model, tokenizer, max_batch_size=4, max_context=256, threads=1)  # min_rows(): 8
+    whole = engine_for(model, tokenizer, max_batch_size=4, max_context=256, threads=1)  # min_rows(): 16
     got = await generate_all(whole, prompts, params, delays)
     kv = whole.kv_slots
     assert kv.allocations == 1  # the first forward, nothing after
-    assert kv.keys[0].shape[0] == 8 and kv.keys[0].shape[2] == 256  # max(max_batch_size, min_rows) rows
+    assert kv.keys[0].shape[0] == 16 and kv.keys[0].shape[2] == 256  # max(max_batch_size, min_rows) rows
 
     grown = engine_for(model, tokenizer, max_batch_size=4, threads=1)
     want = await generate_all(grown, prompts, params, delays)
-    assert grown.kv_slots.allocations > 1 and grown.kv_slots.keys[0].shape[0] <= 8
+    assert grown.kv_slots.allocations > 1 and grown.kv_slots.keys[0].shape[0] <= 16
     for a, b in zip(got, want):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
