@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-# Attention spans whole blocks of positions, and a prefill sums its values one block at a time: a row's
+# Attention spans whole blocks of positions, and its values are summed one block at a time: a row's
 # attention is then the same bits for any width that is a multiple of this (tests/engines/test_kv.py).
 KV_BLOCK = 64
 
@@ -53,7 +53,7 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
     query [R, Hq, Q, D]; key/value [R, Hkv, width, D] (views into the slot buffers); the mask is
     additive [R, 1, Q, width]. Returns [R, Q, Hq, D]. The grouped query heads are reshaped onto
-    their shared key/value head (no copy of the cache per query head); a prefill sums its values
+    their shared key/value head (no copy of the cache per query head); the values are summed
     over the keys one KV_BLOCK at a time, so a row's bits do not depend on the width (the longest
     row's). On CPU this path is always taken:
     torch's fused CPU attention splits queries into blocks whose last one may be small enough to
