@@ -14,7 +14,8 @@
 #                                            # (verl's launched 150 s after ours, to fit one call)
 #   bash benchmarks/gpu_suite.sh compare_one rl_factory|verl_tool_agent  # each alone, one call each
 #   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
-#   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (needs trl from .[bench])
+#   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (trl on a path of its own:
+#                                            # installed beside verl it breaks every verl job, and the launcher refuses)
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
 # Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
 #   bash benchmarks/gpu_suite.sh two_gpu [one] [tp1] [tp2]  # 0.6B shape: 1 GPU (16 prompts), 2 GPUs with two vLLM
