@@ -6,13 +6,13 @@
 #   bash benchmarks/gpu_suite.sh step [ARGS] # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
-#   bash benchmarks/gpu_suite.sh profile     # the same job with py-spy on the actor, trainer, vLLM and agent loop
+#   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
 #   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
 #   bash benchmarks/gpu_suite.sh compare     # our agent loop vs verl's own tool_agent loop, same model and data
 #                                            # (verl's launched 150 s after ours, to fit one call)
-#   bash benchmarks/gpu_suite.sh compare_one rl_factory|verl_tool_agent  # each alone, one call each
+#   bash benchmarks/gpu_suite.sh compare_one rl_factory|verl_tool_agent [ARGS]  # each alone, one call each (ARGS: overrides)
 #   bash benchmarks/gpu_suite.sh large       # 4B shape, full fine-tuning (large_lora: the same with LoRA)
 #   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (trl on a path of its own:
 #                                            # installed beside verl it breaks every verl job, and the launcher refuses)
@@ -146,7 +146,7 @@ case "${1:-}" in
     # verl's tqbridge logs each TransferQueue get/put with its time at INFO: where the old-log-prob phase's
     # time outside the actor's forward goes (py-spy, H200, 2026-12-01: half of the phase)
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite \
-        +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO >> "$RESULTS"
+        +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO "${@:2}" >> "$RESULTS"
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
   prepare)
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
@@ -197,7 +197,7 @@ case "${1:-}" in
   compare_one)  # one loop alone (one device call each, back to back); the second one also prints the summary line
     loop=${2:?compare_one rl_factory|verl_tool_agent}
     tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
-    $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop "$loop" --out outputs/gpu_suite \
+    $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop "$loop" --out outputs/gpu_suite "${@:3}" \
         > "outputs/gpu_suite/compare-$loop.json" && cat "outputs/gpu_suite/compare-$loop.json" >> "$RESULTS"
     if [ -s outputs/gpu_suite/compare-rl_factory.json ] && [ -s outputs/gpu_suite/compare-verl_tool_agent.json ]; then
       $PY benchmarks/compare_loops.py outputs/gpu_suite/compare-rl_factory.json outputs/gpu_suite/compare-verl_tool_agent.json \

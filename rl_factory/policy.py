@@ -17,6 +17,7 @@ import torch
 
 from rl_factory.errors import ConfigError
 from rl_factory.hub import check_hub_model
+from rl_factory.packing import MASK_KINDS, MIN_SHARED_PREFIX, Pack, gather_logprobs, pack_inputs
 from rl_factory.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
@@ -80,6 +81,7 @@ class Policy:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.autocast_dtype = autocast_dtype
         self.path = path
+        self._can_pack: bool | None = None  # see can_pack()
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -107,6 +109,61 @@ class Policy:
         with self.autocast():
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         return _pick_logprobs(out.logits, input_ids), out.hidden_states[-1]
+
+    def packed_logprobs(self, packed: dict[str, torch.Tensor], targets: torch.Tensor, model=None,
+                        hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`sequence_logprobs` of samples laid out in packs (rl_factory.packing.pack_inputs), and with
+        `hidden` their last hidden states [B, T, H]; `targets` [B, T] are the samples' own token ids."""
+        model = model or self.model
+        with self.autocast():
+            out = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
+                        attention_mask=packed["attention_mask"], output_hidden_states=hidden)
+        logprobs = gather_logprobs(out.logits, packed["index"], targets)
+        if not hidden:
+            return logprobs, None
+        return logprobs, out.hidden_states[-1].flatten(0, 1)[packed["index"]]
+
+    def can_pack(self) -> bool:
+        """Whether this model gives packed rows the log-probs of plain ones (rl_factory.packing); checked once.
+
+        It needs an attention implementation that takes a 4-D mask and positions from `position_ids`; a
+        model without them (flash-attn's kernels, a custom architecture) trains on plain rows.
+        """
+        if self._can_pack is None:
+            self._can_pack = self._check_packing()
+        return self._can_pack
+
+    def _check_packing(self) -> bool:
+        from types import SimpleNamespace
+
+        kind = MASK_KINDS.get(getattr(self.model.config, "_attn_implementation", None))
+        if kind is None:
+            return False
+        vocab = self.model.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        prefix = torch.randint(vocab, (MIN_SHARED_PREFIX + 4,), generator=gen).tolist()
+        samples = [SimpleNamespace(token_ids=prefix + torch.randint(vocab, (n,), generator=gen).tolist())
+                   for n in (5, 9)]
+        pad = self.tokenizer.pad_token_id
+        packed = pack_inputs([Pack(samples, len(prefix))], pad, self.device, kind)
+        ids = torch.full((2, len(samples[1].token_ids)), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(samples):
+            ids[i, :len(s.token_ids)] = torch.tensor(s.token_ids, device=self.device)
+            mask[i, :len(s.token_ids)] = 1
+        was_training = self.model.training
+        self.model.eval()  # dropout would make the two forwards differ by chance
+        try:
+            with torch.no_grad():
+                plain = self.sequence_logprobs(ids, mask)
+                packed_lp, _ = self.packed_logprobs(packed, ids)
+        except Exception:  # an architecture that refuses the 4-D mask or the position ids
+            return False
+        finally:
+            self.model.train(was_training)
+        # bf16 autocast rounds both forwards differently; a wrong mask or ignored positions is off by far more
+        tol = 1e-3 if self.autocast_dtype is None else 5e-2
+        return bool(((plain - packed_lp).abs() * mask).max() <= tol)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The last hidden state [B, T, H] alone: the base model without the LM head (no vocab-sized logits)."""

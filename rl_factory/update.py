@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import torch
 
@@ -26,6 +26,7 @@ from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig, value_loss
 from rl_factory.errors import ConfigError
+from rl_factory.packing import MASK_KINDS, attention_cost_ratio, build_packs, pack_inputs
 from rl_factory.types import Trajectory
 
 
@@ -63,6 +64,17 @@ class OptimConfig:
     micro_batch_size: int = 64
     # Padded tokens (rows x longest row) per forward/backward; None = rows only (micro_batch_size)
     micro_batch_tokens: int | None = 8192
+    # Samples sharing a prefix (a prompt's rollouts) computed as one packed row, the prefix once
+    # (rl_factory/packing.py); models that cannot take the packed mask fall back to plain rows
+    shared_prefix: bool = True
+
+
+def _length(sample) -> int:
+    return len(sample.token_ids)
+
+
+def _one(_) -> int:
+    return 1
 
 
 # What one more micro-batch costs beyond its padded tokens (a forward/backward's fixed work), in tokens:
@@ -70,27 +82,29 @@ class OptimConfig:
 MICRO_BATCH_COST_TOKENS = 96
 
 
-def micro_batches(samples: list, max_rows: int, max_tokens: int | None) -> list[list]:
-    """Split a mini-batch into micro-batches of similar length, each padded only to its own longest
-    sample: at most `max_rows` samples and `max_tokens` padded tokens per micro-batch.
+def micro_batches(items: list, max_rows: int, max_tokens: int | None, width: Callable[[Any], int] = _length,
+                  size: Callable[[Any], int] = _one) -> list[list]:
+    """Split a mini-batch into micro-batches of similar width, each padded only to its own widest item:
+    at most `max_rows` samples (an item holds `size(item)`: a pack several) and `max_tokens` padded
+    tokens (items x widest) per micro-batch.
 
-    Samples are sorted by length (stable, so the split is a function of the samples alone) and cut
-    into runs where the padded tokens plus `MICRO_BATCH_COST_TOKENS` per micro-batch are least (an
-    exact search over the cut points). Filling each micro-batch up to the budget instead lets a long
+    Items are sorted by width (stable, so the split is a function of the items alone) and cut into
+    runs where the padded tokens plus `MICRO_BATCH_COST_TOKENS` per micro-batch are least (an exact
+    search over the cut points). Filling each micro-batch up to the budget instead lets a long
     trajectory widen the short ones that still fit beside it (24 rows of ~107 tokens padded to 317).
-    A sample longer than `max_tokens` gets a micro-batch of its own.
+    An item wider than `max_tokens`, or holding more than `max_rows` samples, gets a micro-batch of its own.
     """
-    order = sorted(samples, key=lambda t: len(t.token_ids))
-    widths = [len(t.token_ids) for t in order]
+    order = sorted(items, key=width)
+    widths, sizes = [width(x) for x in order], [size(x) for x in order]
     # best[end]: least cost of order[:end]; cut[end]: where its last micro-batch starts
     best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
-        width = widths[end - 1]  # the longest of any micro-batch ending here
-        for start in range(end - 1, max(0, end - max_rows) - 1, -1):
-            rows = end - start
-            if rows > 1 and max_tokens is not None and rows * width > max_tokens:
+        widest, count = widths[end - 1], 0  # the widest of any micro-batch ending here
+        for start in range(end - 1, -1, -1):
+            rows, count = end - start, count + sizes[start]
+            if rows > 1 and (count > max_rows or (max_tokens is not None and rows * widest > max_tokens)):
                 break  # more rows only pad more
-            cost = best[start] + rows * width + MICRO_BATCH_COST_TOKENS
+            cost = best[start] + rows * widest + MICRO_BATCH_COST_TOKENS
             if best[end] is None or cost < best[end]:
                 best[end], cut[end] = cost, start
     out, end = [], len(order)
@@ -169,7 +183,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     # denominator (its tokens for token_mean, its row otherwise), as in DAPO, TRL and verl: leaving it out
     # would scale each step's gradient by 1 / (its share of samples with signal).
     keep = [t.advantage != 0.0 or alg.kl_coef > 0 or value_head is not None for t in trajs]
-    samples = [(s, k) for t, k in zip(trajs, keep) for s in t.training_samples()]
+    samples = [(s, k, t.sample_index) for t, k in zip(trajs, keep) for s in t.training_samples()]
     if not any(keep):
         return {"actor/trained_fraction": 0.0}
     loss_fn = get_policy_loss(alg.policy_loss)
@@ -177,6 +191,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     rng = random.Random(seed)
     pad_id = policy.tokenizer.pad_token_id
     totals: dict[str, list[float]] = {}
+    forward_tokens = 0  # padded tokens the update's forwards computed (packs count their prefix once)
     policy.model.train()
     params = list(policy.model.parameters())
     for _ in range(optim.ppo_epochs):
@@ -185,24 +200,22 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
         size = -(-len(order) // optim.mini_batches)
         for start in range(0, len(order), size):
             mini = order[start: start + size]
-            tokens, rows = sum(sum(t.loss_mask) for t, _ in mini), len(mini)
-            trained = [t for t, k in mini if k]
+            tokens, rows = sum(sum(t.loss_mask) for t, _, _ in mini), len(mini)
+            trained = [(t, key) for t, k, key in mini if k]
             if not trained:
                 continue
             optimizer.zero_grad(set_to_none=True)
-            for micro in micro_batches(trained, optim.micro_batch_size, optim.micro_batch_tokens):
+            for micro, packed in forward_batches(policy, trained, optim):
                 b = collate(micro, pad_id, policy.device)
-                if value_head is None:
-                    logprobs = policy.sequence_logprobs(b["input_ids"], b["attention_mask"])
-                else:
-                    logprobs, hidden = policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
+                logprobs, hidden = _logprobs(policy, b, packed, hidden=value_head is not None)
+                forward_tokens += packed["input_ids"].numel() if packed else b["input_ids"].numel()
                 old = logprobs.detach() if own_old else b["old_logprobs"]
                 loss, stats = loss_fn(logprobs, old, b["advantages"], b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
                 if ref_model is not None and alg.kl_coef > 0:
                     with torch.no_grad():
-                        ref = policy.sequence_logprobs(b["input_ids"], b["attention_mask"], model=ref_model)
+                        ref, _ = _logprobs(policy, b, packed, model=ref_model)
                     kl = aggregate_loss(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"], alg.loss_agg)
                     loss = loss + alg.kl_coef * kl
                     stats["kl"] = float(kl.detach())
@@ -228,6 +241,35 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     policy.model.eval()
     metrics = {(k if k.startswith("critic/") else f"actor/{k}"): sum(v) / len(v) for k, v in totals.items()}
     metrics["actor/trained_fraction"] = sum(keep) / len(trajs)
-    metrics["actor/samples"] = sum(k for _, k in samples)
+    metrics["actor/samples"] = sum(k for _, k, _ in samples)
+    metrics["actor/forward_tokens"] = forward_tokens
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     return metrics
+
+
+def forward_batches(policy, trained: list[tuple[Any, Any]], optim: OptimConfig) -> Iterator[tuple[list, dict | None]]:
+    """The micro-batches of a mini-batch's (sample, prompt key) pairs: each with its packed forward inputs
+    (samples of one prompt share a row, the prompt once: rl_factory/packing.py), or None for plain rows."""
+    samples = [s for s, _ in trained]
+    if not (optim.shared_prefix and policy.can_pack()):
+        for micro in micro_batches(samples, optim.micro_batch_size, optim.micro_batch_tokens):
+            yield micro, None
+        return
+    model = policy.model
+    ratio = attention_cost_ratio(model.config, sum(p.numel() for p in model.parameters()))
+    packs = build_packs(samples, [key for _, key in trained], ratio, optim.micro_batch_tokens)
+    kind = MASK_KINDS[model.config._attn_implementation]
+    for micro in micro_batches(packs, optim.micro_batch_size, optim.micro_batch_tokens,
+                               width=lambda p: p.width, size=lambda p: len(p.samples)):
+        yield ([s for p in micro for s in p.samples],
+               pack_inputs(micro, policy.tokenizer.pad_token_id, policy.device, kind))
+
+
+def _logprobs(policy, b: dict[str, torch.Tensor], packed: dict | None, model=None,
+              hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, T] of the micro-batch's samples (and their last hidden states with `hidden`)."""
+    if packed is not None:
+        return policy.packed_logprobs(packed, b["input_ids"], model=model, hidden=hidden)
+    if hidden:
+        return policy.logprobs_and_hidden(b["input_ids"], b["attention_mask"])
+    return policy.sequence_logprobs(b["input_ids"], b["attention_mask"], model=model), None
