@@ -9,6 +9,7 @@ precision; on GPU, compute runs under bf16 autocast for checkpoints published in
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -131,15 +132,26 @@ class Policy:
         """
         if self._can_pack is None:
             self._can_pack = self._check_packing()
+            if not self._can_pack:
+                logging.getLogger("rl_factory").warning(
+                    "optim.shared_prefix: this model (attention %s) does not give packed rows the log-probs of plain "
+                    "ones; the update computes every sample in a row of its own",
+                    getattr(self.model.config, "_attn_implementation", None))
         return self._can_pack
 
     def _check_packing(self) -> bool:
         from types import SimpleNamespace
 
-        kind = MASK_KINDS.get(getattr(self.model.config, "_attn_implementation", None))
-        if kind is None:
+        config = self.model.config
+        kind = MASK_KINDS.get(getattr(config, "_attn_implementation", None))
+        # A 4-D mask replaces every layer's own, so sliding-window layers would attend past their window
+        # on long rows (the short check below could not see it).
+        sliding = getattr(config, "sliding_window", None) and (
+            "sliding_attention" in (getattr(config, "layer_types", None) or [])
+            or getattr(config, "use_sliding_window", False))
+        if kind is None or sliding:
             return False
-        vocab = self.model.config.vocab_size
+        vocab = config.vocab_size
         gen = torch.Generator().manual_seed(0)
         prefix = torch.randint(vocab, (MIN_SHARED_PREFIX + 4,), generator=gen).tolist()
         samples = [SimpleNamespace(token_ids=prefix + torch.randint(vocab, (n,), generator=gen).tolist())

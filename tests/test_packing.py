@@ -167,3 +167,12 @@ def test_a_model_that_cannot_take_the_packed_mask_trains_on_plain_rows(base_poli
                             AlgorithmConfig(), OptimConfig())
     # the cached verdict stands: plain rows, every token of both samples computed (padded to the longer)
     assert metrics["actor/forward_tokens"] == 2 * max(len(t.token_ids) for t in group)
+
+
+def test_sliding_window_layers_are_not_packed(base_policy):
+    """A 4-D mask would replace the sliding layers' own masks: such a model trains on plain rows."""
+    policy = fresh(base_policy)
+    policy.model.config = copy.deepcopy(policy.model.config)
+    policy.model.config.sliding_window = 16
+    policy.model.config.layer_types = ["sliding_attention", "full_attention"] * 2
+    assert not policy.can_pack()

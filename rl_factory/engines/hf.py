@@ -64,10 +64,21 @@ class _Request:
     uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
-        def settle():
-            if not self.future.done():
-                self.future.set_exception(error) if error else self.future.set_result(result)
-        self.loop.call_soon_threadsafe(settle)
+        resolve_all([(self, result, error)])
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        if not self.future.done():
+            self.future.set_exception(error) if error else self.future.set_result(result)
+
+
+def resolve_all(outcomes: list[tuple[_Request, Any, BaseException | None]]) -> None:
+    """Hand results to their callers' event loops: one wake-up per loop, not per request (each wake-up
+    writes to the loop's self-pipe; a rollout retires ~250 requests)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for req, result, error in outcomes:
+        by_loop.setdefault(req.loop, []).append((req, result, error))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(lambda items=items: [req.settle(result, error) for req, result, error in items])
 
 
 @register_engine("hf")
@@ -319,20 +330,23 @@ class _Batch:
         counters["row_steps"] += len(self.rows)
         self.e.max_rows = max(self.e.max_rows, len(self.rows))
         tokens, logprobs = sample_rows(self.logits, self.rows)
-        done = []
+        done, stopped = [], []
         for i, (req, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
             req.ids.append(tok)
             req.logprobs.append(lp)
             counters["tokens"] += 1
             if tok == self.e.eos_token_id:
-                if self.e.prefix_cache:  # the trajectory's next turn starts with exactly these ids
-                    self.prefixes.put(tuple(req.prompt_ids + req.ids), self.kv.save(i))
-                req.resolve(Generation(req.ids, req.logprobs, "stop"))
+                stopped.append(i)
                 done.append(i)
             elif len(req.ids) >= req.params.max_new_tokens:
-                req.resolve(Generation(req.ids, req.logprobs, "length"))
                 done.append(i)
+        if stopped and self.e.prefix_cache:  # each trajectory's next turn starts with exactly these ids
+            for i, cache in zip(stopped, self.kv.save(stopped)):
+                self.prefixes.put(tuple(self.rows[i].prompt_ids + self.rows[i].ids), cache)
         if done:
+            eos = set(stopped)
+            resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs,
+                                                   "stop" if i in eos else "length"), None) for i in done])
             order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
             self.rows = [self.rows[i] for i in order]
             tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]

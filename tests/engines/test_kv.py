@@ -46,3 +46,32 @@ def test_a_rows_attention_is_the_same_bits_at_every_width(threads, start, querie
     for width in range(narrowest + KV_BLOCK, capacity + 1, KV_BLOCK):
         got = attend(query, keys, values, positions, width)
         assert torch.equal(got, want), f"width {width} vs {narrowest}: {(got - want).abs().max().item():.3g}"
+
+
+def test_slot_copies_and_saves_move_the_cached_positions_only():
+    """`copy` (twin prompts, rows moving into freed slots) and `save` (a finished turn's cache) take a slot's
+    cached positions, not its whole capacity (the rest is scratch every forward masks), and a saved cache
+    loads back into any slot as it was."""
+    from rl_factory.engines.kv import KVSlots
+
+    slots = KVSlots(torch.device("cpu"), max_rows=6, full_positions=256)
+    slots.reserve(6, 0)
+    like = torch.zeros(6, KV_HEADS, 1, DIM)
+    keys, values = slots._layer(0, like, 64)
+    keys.copy_(torch.randn_like(keys))
+    values.copy_(torch.randn_like(values))
+    slots.lengths[:] = torch.tensor([5, 70, 3, 0, 0, 0])
+    scratch = keys[3, :, 70:].clone()
+
+    slots.copy([0, 1], [3, 4])
+    assert slots.lengths.tolist() == [5, 70, 3, 5, 70, 0]
+    assert torch.equal(keys[4, :, :70], keys[1, :, :70]) and torch.equal(values[3, :, :5], values[0, :, :5])
+    assert torch.equal(keys[3, :, 70:], scratch)  # past what any source holds: not copied
+
+    saved = slots.save([1, 2])
+    assert [n for n, _, _ in saved] == [70, 3]
+    assert torch.equal(saved[0][1][0], keys[1, :, :70]) and torch.equal(saved[1][2][0], values[2, :, :3])
+    keys[1].zero_()  # the saved copies do not alias the slots
+    assert not torch.equal(saved[0][1][0], keys[1, :, :70])
+    assert slots.load(5, saved[0]) == 70
+    assert torch.equal(keys[5, :, :70], saved[0][1][0]) and slots.lengths[5] == 70
