@@ -18,7 +18,7 @@ import torch
 
 from rl_factory.errors import ConfigError
 from rl_factory.hub import check_hub_model
-from rl_factory.packing import MASK_KINDS, MIN_SHARED_PREFIX, Pack, gather_logprobs, pack_inputs
+from rl_factory.packing import MASK_KINDS, MIN_SHARED_PREFIX, build_packs, gather_logprobs, pack_inputs
 from rl_factory.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
@@ -153,16 +153,22 @@ class Policy:
             return False
         vocab = config.vocab_size
         gen = torch.Generator().manual_seed(0)
-        prefix = torch.randint(vocab, (MIN_SHARED_PREFIX + 4,), generator=gen).tolist()
-        samples = [SimpleNamespace(token_ids=prefix + torch.randint(vocab, (n,), generator=gen).tolist())
-                   for n in (5, 9)]
+
+        def tokens(n: int) -> list[int]:
+            return torch.randint(vocab, (n,), generator=gen).tolist()
+
+        # a small tree: two samples share a branch past the common prefix, a third leaves at the prefix
+        stem, branch = tokens(MIN_SHARED_PREFIX + 4), tokens(5)
+        seqs = [stem + branch + tokens(4), stem + branch + tokens(6), stem + tokens(9)]
+        packs = build_packs([SimpleNamespace(token_ids=t) for t in seqs], [0, 0, 0], ratio=0.0)
+        order = [x.token_ids for p in packs for x in p.samples]
         pad = self.tokenizer.pad_token_id
-        packed = pack_inputs([Pack(samples, len(prefix))], pad, self.device, kind)
-        ids = torch.full((2, len(samples[1].token_ids)), pad, dtype=torch.long, device=self.device)
+        packed = pack_inputs(packs, pad, self.device, kind)
+        ids = torch.full((len(order), max(map(len, order))), pad, dtype=torch.long, device=self.device)
         mask = torch.zeros_like(ids)
-        for i, s in enumerate(samples):
-            ids[i, :len(s.token_ids)] = torch.tensor(s.token_ids, device=self.device)
-            mask[i, :len(s.token_ids)] = 1
+        for i, t in enumerate(order):
+            ids[i, :len(t)] = torch.tensor(t, device=self.device)
+            mask[i, :len(t)] = 1
         was_training = self.model.training
         self.model.eval()  # dropout would make the two forwards differ by chance
         try:

@@ -64,7 +64,7 @@ class OptimConfig:
     micro_batch_size: int = 64
     # Padded tokens (rows x longest row) per forward/backward; None = rows only (micro_batch_size)
     micro_batch_tokens: int | None = 8192
-    # Samples sharing a prefix (a prompt's rollouts) computed as one packed row, the prefix once
+    # A prompt's samples computed as one packed row of their prefix tree, what they share once
     # (rl_factory/packing.py); models that cannot take the packed mask fall back to plain rows
     shared_prefix: bool = True
 
@@ -191,7 +191,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     rng = random.Random(seed)
     pad_id = policy.tokenizer.pad_token_id
     totals: dict[str, list[float]] = {}
-    forward_tokens = 0  # padded tokens the update's forwards computed (packs count their prefix once)
+    forward_tokens = 0  # padded tokens the update's forwards computed (packs count shared tokens once)
     policy.model.train()
     params = list(policy.model.parameters())
     for _ in range(optim.ppo_epochs):

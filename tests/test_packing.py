@@ -60,15 +60,27 @@ def test_shared_prefix_len():
 
 def test_build_packs_groups_by_key_and_loses_nothing():
     prefix = list(range(100, 100 + 20))
-    a = [sample(prefix + [k] * n) for k, n in ((1, 5), (2, 9), (3, 2))]
+    a = [sample(prefix + [k] * n) for k, n in ((3, 2), (1, 5), (2, 9))]
     b = [sample(prefix[:3] + [k] * n) for k, n in ((1, 4), (2, 6))]  # shares 3 tokens only: rows of their own
     solo = [sample(prefix + [3] * 7)]
     packs = build_packs(a + b + solo, ["a"] * 3 + ["b"] * 2 + ["c"], ratio=0.0)
     assert [len(p.samples) for p in packs] == [3, 1, 1, 1]
-    assert packs[0].prefix == 20 and packs[0].width == 20 + 5 + 9 + 2
-    assert all(p.prefix == len(p.samples[0].token_ids) for p in packs[1:])  # a plain row: all of it "prefix"
+    assert [s.token_ids[20] for s in packs[0].samples] == [1, 2, 3]  # sorted by ids: neighbours share most
+    assert packs[0].shared == [0, 20, 20] and packs[0].width == 20 + 5 + 9 + 2
+    assert all(p.shared == [0] and p.width == len(p.samples[0].token_ids) for p in packs[1:])  # plain rows
     assert sorted(id(s) for p in packs for s in p.samples) == sorted(id(s) for s in a + b + solo)
     assert MIN_SHARED_PREFIX > 3
+
+
+def test_build_packs_shares_the_whole_tree_not_only_the_prompt():
+    """Rollouts that made the same tool call share it (and its result) too: each sample adds only what it
+    does not share with its sorted neighbour."""
+    prompt, call = list(range(10, 40)), [7] * 12
+    group = [sample(prompt + call + [1, 1]), sample(prompt + [9] * 10), sample(prompt + call + [2, 2, 2])]
+    (pack,) = build_packs(group, [0, 0, 0], ratio=0.0)
+    assert [s.token_ids[30] for s in pack.samples] == [7, 7, 9]
+    assert pack.shared == [0, 42, 30]
+    assert pack.width == 44 + 3 + 10  # 30 + 12 shared once, then 2, 3 and 10 own tokens
 
 
 def test_build_packs_stops_where_attention_would_cost_more_than_a_copy_of_the_prefix():
@@ -91,21 +103,24 @@ def test_attention_cost_ratio_of_the_tiny_model(base_policy):
     assert attention_cost_ratio(SimpleNamespace(hidden_size=8), 100) == 0.0  # a config it cannot read
 
 
-def test_pack_inputs_mask_lets_a_continuation_see_the_prefix_and_itself_only():
-    pack = Pack([sample([5, 6, 7, 1, 2]), sample([5, 6, 7, 3])], prefix=3)
-    t = pack_inputs([pack, Pack([sample([9, 9])], prefix=2)], pad_id=0, device=torch.device("cpu"), mask_kind="bool")
-    assert t["input_ids"].tolist() == [[5, 6, 7, 1, 2, 3], [9, 9, 0, 0, 0, 0]]
-    assert t["position_ids"].tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 0, 0, 0, 0]]
+def test_pack_inputs_mask_lets_a_token_see_its_own_ancestors_only():
+    # A and B share 4 tokens, C shares 3 with B: the row is A's 5 tokens, B's last one, C's last one
+    pack = Pack([sample([5, 6, 7, 1, 2]), sample([5, 6, 7, 1, 9]), sample([5, 6, 7, 3])], shared=[0, 4, 3])
+    t = pack_inputs([pack, Pack([sample([9, 9])], shared=[0])], pad_id=0, device=torch.device("cpu"),
+                    mask_kind="bool")
+    assert t["input_ids"].tolist() == [[5, 6, 7, 1, 2, 9, 3], [9, 9, 0, 0, 0, 0, 0]]
+    assert t["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 3], [0, 1, 0, 0, 0, 0, 0]]
     mask = t["attention_mask"][0, 0].int().tolist()
-    assert mask[3] == [1, 1, 1, 1, 0, 0]  # first continuation's first token
-    assert mask[4] == [1, 1, 1, 1, 1, 0]
-    assert mask[5] == [1, 1, 1, 0, 0, 1]  # second continuation: the prefix and itself, not the first one
-    assert mask[1] == [1, 1, 0, 0, 0, 0]
-    assert all(any(row) for row in t["attention_mask"][1, 0].tolist())  # padding rows are never empty
-    assert t["index"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 5, 0], [6, 7, 6, 6, 6]]
+    assert mask[4] == [1, 1, 1, 1, 1, 0, 0]  # A's last token
+    assert mask[5] == [1, 1, 1, 1, 0, 1, 0]  # B's last token: the shared four and itself, not A's
+    assert mask[6] == [1, 1, 1, 0, 0, 0, 1]  # C's: the shared three and itself
+    assert mask[1] == [1, 1, 0, 0, 0, 0, 0]
+    pad = t["attention_mask"][1, 0].int().tolist()
+    assert pad[3] == [0, 0, 0, 1, 0, 0, 0] and pad[1] == [1, 1, 0, 0, 0, 0, 0]  # padding sees itself only
+    assert t["index"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 6, 0], [7, 8, 7, 7, 7]]
     additive = pack_inputs([pack], 0, torch.device("cpu"), "additive")["attention_mask"]
-    assert additive.dtype == torch.float32 and additive[0, 0, 5, 3] == torch.finfo(torch.float32).min
-    assert additive[0, 0, 5, 2] == 0
+    assert additive.dtype == torch.float32 and additive[0, 0, 5, 4] == torch.finfo(torch.float32).min
+    assert additive[0, 0, 5, 3] == 0
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -113,7 +128,8 @@ def test_packed_logprobs_and_hidden_states_equal_plain_rows(base_policy, attenti
     policy = fresh(base_policy)
     policy.model.config._attn_implementation = attention
     assert policy.can_pack()
-    first = group_of(policy, "What is 347 * 29?", ["10063", "The answer is 10063.", "ok"], 0, [1.0, -1.0, 0.5])
+    first = group_of(policy, "What is 347 * 29?", ["10063", "The answer is 10063.", "The answer is 1006"], 0,
+                     [1.0, -1.0, 0.5])
     second = group_of(policy, "What is 2 + 2?", ["4", "four, I think"], 1, [1.0, -1.0])
     # a view that is a prefix of a trajectory (augmenters cut those): its tokens all lie in the shared part
     view = Trajectory(sample_index=0, prompt_ids=first[1].prompt_ids, token_ids=first[1].token_ids[:-3],
@@ -122,6 +138,7 @@ def test_packed_logprobs_and_hidden_states_equal_plain_rows(base_policy, attenti
     samples = first + [view] + second
     packs = build_packs(samples, [0, 0, 0, 0, 1, 1], ratio=0.0)
     assert [len(p.samples) for p in packs] == [4, 2]
+    assert max(packs[0].shared) > len(first[0].prompt_ids)  # the view shares its trajectory, past the prompt
     order = [s for p in packs for s in p.samples]
     packed = pack_inputs(packs, policy.tokenizer.pad_token_id, policy.device, "bool" if attention == "sdpa" else "additive")
     with torch.no_grad():
