@@ -79,8 +79,10 @@ def cpu_seconds() -> dict[str, float]:
         if pid not in procs:
             continue
         _, cmd, cpu = procs[pid]
-        name = cmd.split()[0] if cmd.startswith("ray::") else "calculator server" if "calculator" in cmd else \
-            "driver" if pid == os.getpid() else Path(cmd.split()[0]).name if cmd else "?"
+        # the driver first: its own command line names the model directory (tiny-calculator-...)
+        name = "driver" if pid == os.getpid() else cmd.split()[0] if cmd.startswith("ray::") else \
+            "calculator server" if "servers/calculator" in cmd or "servers.calculator" in cmd else \
+            Path(cmd.split()[0]).name if cmd else "?"
         out[name] = out.get(name, 0.0) + cpu
     return out
 
