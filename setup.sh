@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install rl_factory into it (editable). Safe to run again.
 #   bash setup.sh          # what main_grpo.sh / main_eval.sh need
-#   bash setup.sh --dev       # plus the test dependencies, verl's CPU parts included (its backend is tested on CPU)
+#   bash setup.sh --dev       # plus the test dependencies, verl's CPU parts included (its backend is tested on CPU),
+#                             # and the third-party MCP servers the tests run (tests/servers/install.sh: PyPI + npm)
 #   bash setup.sh --verl      # plus the verl backend for GPU nodes (verl 0.9.1, vLLM 0.24, torch 2.11 CUDA)
 #   bash setup.sh --verl-cpu  # plus verl without vLLM (the plugin and `--cfg job` on a CPU machine)
 # TORCH_SPEC picks the PyTorch build (default torch==2.13.0, the CPU wheel; torch==2.11.0 with --verl, as
@@ -14,10 +15,11 @@ PY="${PYTHON:-python3}"
 PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 
 extras=()
+test_servers=0
 torch_default="torch==2.13.0"
 for arg in "$@"; do
   case "$arg" in
-    --dev) extras+=(dev verl-cpu) ;;
+    --dev) extras+=(dev verl-cpu); test_servers=1 ;;
     --verl) extras+=(verl); torch_default="torch==2.11.0" ;;
     --verl-cpu) extras+=(verl-cpu) ;;
     *) echo "setup.sh: unknown option $arg (use --dev, --verl or --verl-cpu)" >&2; exit 2 ;;
@@ -32,3 +34,8 @@ spec="."
 [ ${#extras[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
 "${PIP[@]}" -e "$spec"
 echo "rl_factory installed in .venv ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "/ transformers", transformers.__version__)'))"
+# The tests run real third-party servers (mcp-server-time from PyPI, npm's server-memory and server-everything)
+# from every test worker: installed here once, not raced for by parallel workers.
+if [ "$test_servers" = 1 ]; then
+  bash tests/servers/install.sh
+fi
