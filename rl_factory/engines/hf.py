@@ -41,7 +41,7 @@ import torch
 from transformers import AttentionInterface
 
 from rl_factory.engines.base import Generation, SamplingParams, register_engine
-from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention
+from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention, slot_bytes
 from rl_factory.engines.sampling import sample_rows, uniforms
 from rl_factory.lora import trunk
 
@@ -231,7 +231,7 @@ class _Batch:
         self.rows: list[_Request] = []
         self.min_rows = min_rows()
         max_rows = max(engine.max_batch_size, self.min_rows)
-        size = _slot_bytes(self.model, max_rows, engine.max_context)
+        size = slot_bytes(self.model, max_rows, engine.max_context)
         full = engine.max_context if size is not None and size <= engine.kv_prealloc_bytes else 0
         self.kv = KVSlots(self.device, max_rows=max_rows, full_positions=full)
         self.logits: torch.Tensor | None = None  # [len(rows), V]
@@ -399,16 +399,3 @@ def prefill_runs(lengths: list[int], min_rows: int) -> list[tuple[int, int]]:
         runs.append((cut[end], end))
         end = cut[end]
     return runs[::-1]
-
-
-def _slot_bytes(model, rows: int, positions: int) -> int | None:
-    """Bytes of key/value slots for `rows` x `positions` (an estimate from the config; None if unknown)."""
-    cfg = getattr(model, "config", None)
-    try:
-        layers = cfg.num_hidden_layers
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        item = next(model.parameters()).element_size()
-    except (AttributeError, StopIteration, TypeError):
-        return None
-    return 2 * layers * heads * dim * item * rows * positions

@@ -277,6 +277,19 @@ class PrefixStore:
         return None
 
 
+def slot_bytes(model, rows: int, positions: int) -> int | None:
+    """Bytes of key/value slots for `rows` x `positions` (an estimate from the config; None if unknown)."""
+    cfg = getattr(model, "config", None)
+    try:
+        layers = cfg.num_hidden_layers
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        item = next(model.parameters()).element_size()
+    except (AttributeError, StopIteration, TypeError):
+        return None
+    return 2 * layers * heads * dim * item * rows * positions
+
+
 def _round_up(n: int, block: int) -> int:
     return max(block, -(-n // block) * block)
 
