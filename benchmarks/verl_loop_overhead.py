@@ -120,7 +120,8 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int, model: st
     return cfg, files
 
 
-def measure(loop: str, args: argparse.Namespace, work: Path) -> dict:
+def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
+    """The loop's steps; `then(keys)`, if given, runs on the last step's trajectories while TransferQueue holds them."""
     import numpy as np
     import ray
     import transfer_queue as tq
@@ -171,13 +172,14 @@ def measure(loop: str, args: argparse.Namespace, work: Path) -> dict:
         keys = sorted(k for k in tq.kv_list(partition_id="train").get("train", {}) if k.startswith(f"s{args.repeats}-") and "_" in k)
         scores = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores"])["rm_scores"]
         reward = float(sum(float(s.sum()) for s in scores.unbind(0)) / max(1, len(keys)))
+        extra = then(keys) if then else None
     finally:
         tq.close()
     cpu = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / args.repeats, 3) for name in cpu_after}
     cpu = {name: v for name, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.001}
     return {"median_s": statistics.median(times), "all_s": [round(t, 3) for t in times],
             "cpu_s_per_step": sum(cpu.values()), "cpu_s_per_step_by_process": cpu,
-            "trajectories": len(keys), "reward_mean": reward}
+            "trajectories": len(keys), "reward_mean": reward, **({"then": extra} if then else {})}
 
 
 def main() -> None:

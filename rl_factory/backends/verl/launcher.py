@@ -4,8 +4,8 @@ Steps, in the order a user sees their errors: our plugin must be in verl's regis
 estimator names would fail deep inside a Ray actor); the combination must be one verl can run (see
 `check_supported`); the verl config is composed (`--cfg job` prints it here, before any file is written
 or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
-`validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` starts Ray
-(or joins the cluster named by RAY_ADDRESS) and trains.
+`validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
+fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
 Paths in the config are made absolute: Ray workers do not share the driver's working directory, and on
 several nodes the output directory, data and manifest must be on storage every node sees.
@@ -204,6 +204,16 @@ def check_trl() -> None:
                       "needs it, from another environment")
 
 
+def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
+    """verl's TaskRunner (`worker_fetch: all`), or ours, whose trainer fetches only what the workers read (fetch.py)."""
+    from rl_factory.backends.verl import fetch
+
+    mode = cfg.get("worker_fetch", "needed")
+    if mode not in fetch.MODES:
+        raise ConfigError(f"worker_fetch={mode!r}: expected one of {', '.join(fetch.MODES)} (configs/verl.yaml)")
+    return fetch.task_runner(verls) if mode == "needed" else verls
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -219,10 +229,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     check_gpus(cfg)
     check_rollout_engine(cfg)
     check_trl()
+    runner = task_runner_class(cfg, TaskRunnerV1)
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     log.info("verl backend: run directory %s", out_dir)
-    run_ppo(worker_config(cfg), task_runner_class=TaskRunnerV1)  # its TaskRunner prints the config
+    run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config
     from rl_factory.run import RunDir
 
     RunDir(out_dir).write_report(bool(cfg.rl_factory.trainer.report))  # the final one, from the finished files

@@ -1,0 +1,110 @@
+"""What a verl worker call spends on the step's data before any compute, on CPU: every field (verl) or the
+fields the workers read (ours, rl_factory/backends/verl/fetch.py).
+
+    .venv/bin/python benchmarks/worker_fetch.py --prompts 16 --n 8 --repeats 10
+
+One rollout step of each loop runs for real (benchmarks/verl_loop_overhead.py: Ray, TransferQueue, verl's
+AgentLoopWorkerTQ and RewardLoopWorker, a scripted model), then, while TransferQueue holds its trajectories,
+a worker-side call is timed the way verl's actor worker receives the batch: verl's `tqbridge` turns the
+trainer's KVBatchMeta into a TensorDict (the fetch), and verl's `prepare_micro_batches` splits it by token
+budget (what `infer_batch` and `train_mini_batch` do first). Each repeat times both, alternating which goes
+first. Not measured here: the copies of each micro-batch to the GPU, which also shrink with the fields.
+
+Prints one JSON line: per loop, the field counts and the median (and all) milliseconds of the fetch and the
+split, for every field and for ours.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def time_calls(keys: list[str], repeats: int) -> dict:
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.transferqueue_utils import tqbridge
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    from rl_factory.backends.verl.fetch import narrowed
+
+    seen: dict[str, list] = {"fetch": [], "split": [], "fields": []}
+
+    @tqbridge()
+    def worker(data):  # the worker's side: data arrives fetched; then verl splits it into micro-batches
+        seen["fetch"].append(time.perf_counter() - seen.pop("t0"))
+        seen["fields"] = sorted(data.keys())
+        t0 = time.perf_counter()
+        tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=32768)
+        prepare_micro_batches(data)
+        seen["split"].append(time.perf_counter() - t0)
+
+    out: dict[str, dict] = {}
+    for k in range(repeats):
+        for which in (("all", "needed") if k % 2 == 0 else ("needed", "all")):
+            meta = KVBatchMeta(keys=list(keys), tags=[{}] * len(keys), partition_id="train")
+            seen["t0"] = time.perf_counter()
+            if which == "needed":
+                with narrowed(meta):
+                    worker(meta)
+            else:
+                worker(meta)
+            side = out.setdefault(which, {"fetch_ms": [], "split_ms": []})
+            side["fetch_ms"].append(round(1000 * seen["fetch"][-1], 1))
+            side["split_ms"].append(round(1000 * seen["split"][-1], 1))
+            side["fields"] = seen["fields"]
+    for side in out.values():
+        side["fetch_ms_median"] = statistics.median(side["fetch_ms"])
+        side["split_ms_median"] = statistics.median(side["split_ms"])
+        side["num_fields"] = len(side["fields"])
+    out["saved_ms_median"] = round(out["all"]["fetch_ms_median"] + out["all"]["split_ms_median"]
+                                   - out["needed"]["fetch_ms_median"] - out["needed"]["split_ms_median"], 1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls of each kind")
+    ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model)")
+    ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
+                    choices=["rl_factory", "verl_tool_agent"])
+    args = ap.parse_args()
+    try:
+        import ray
+    except ImportError:
+        sys.exit("worker_fetch: needs verl and ray (bash setup.sh --dev installs the CPU build)")
+    import ray.cloudpickle
+
+    from benchmarks import verl_loop_overhead
+
+    ray.cloudpickle.register_pickle_by_value(verl_loop_overhead)  # the scripted server travels by value
+    os.environ["PYTHONPATH"] = f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"
+    ray.init(num_cpus=2 * args.workers + 4, include_dashboard=False, log_to_driver=False)
+    rollout = argparse.Namespace(prompts=args.prompts, n=args.n, repeats=1, workers=args.workers, request_ms=0.0,
+                                 model=args.model)
+    out = {"bench": "worker_fetch", "prompts": args.prompts, "n": args.n, "repeats": args.repeats,
+           "cpu_count": os.cpu_count()}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for loop in args.loops:
+                step = verl_loop_overhead.measure(loop, rollout, Path(tmp),
+                                                  then=lambda keys: time_calls(keys, args.repeats))
+                out[loop] = {"trajectories": step["trajectories"], **step["then"]}
+    finally:
+        ray.shutdown()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""What verl's worker calls fetch from TransferQueue: the fields the workers read, not every field.
+
+verl's V1 trainer hands its worker groups a `KVBatchMeta` without `fields` (trainer_base.py), and each
+worker then fetches every field of every sample (verl's `tqbridge`: `select_fields` only when `fields` is
+set), splits all of them into micro-batches and moves them to the device. A step of the calculator job
+holds 26-28 fields, most of them what the dataset and the rollout left for the reward and the logs: raw
+prompts, reward_model, tools_kwargs, the agent loop's extra fields (our trajectory records among them),
+rm_scores... None of the actor, critic or reference workers reads them (verl 0.9.1: grep of
+verl/workers for each name). Measured on CPU (`benchmarks/worker_fetch.py`, 2-core VM, 2026-12-03; 128
+trajectories of our loop from verl's V1 rollout, the worker's side of one call, medians of 10): fetching all
+26 fields 85.5 ms, the 9 the workers read 49.3 ms; splitting them into micro-batches 32.8 against 16.4 ms.
+The old-log-prob, reference, value and update calls each pay it once a step.
+
+So our trainer, verl's trainer of the configured mode (`trainer.v1.trainer_mode`) with `NarrowFetch` in
+front, sets `fields` for those calls to every field but UNREAD (which also drops the old-log-prob pass's
+raw full-sequence output from the update's fetch), and puts it back after. It takes the mode's place in
+verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's name stays, because verl's
+trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
+`worker_fetch: all` in configs/verl.yaml keeps verl's own TaskRunner and behaviour.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# Fields no worker reads: what the dataset, the agent loop and the reward put for the trainer's reward, metrics
+# and dumps, and a pass's raw output the trainer has re-put in the form the update reads. Anything not named
+# here is fetched (a field some worker needs is never left out by default).
+UNREAD = frozenset({
+    # dataset columns (verl's RLHFDataset rows, ours from rl_factory/backends/verl/data.py)
+    "data_source", "prompt", "raw_prompt", "reward_model", "extra_info", "index", "tools_kwargs",
+    "interaction_kwargs", "uid", "rl_factory_sample", "rl_factory_split", "dummy_tensor",
+    # the agent loop's bookkeeping (verl's AgentLoopOutput post-processing)
+    "extra_fields", "metrics", "num_turns", "session_id", "mm_processor_kwargs", "mm_processor_output",
+    # the reward and what the trainer derives from it for the advantage
+    "rm_scores", "token_level_scores", "token_level_rewards",
+    # the old-log-prob and reference passes' full-sequence log-probs: the trainer puts them back sliced to the
+    # responses as old_log_probs / ref_log_prob, which the update reads
+    "log_probs",
+})
+MODES = ("needed", "all")
+
+
+def worker_fields(fields: Iterable[str]) -> list[str]:
+    """The fields a worker call fetches, of a batch holding `fields` (their order kept)."""
+    return [f for f in fields if f not in UNREAD]
+
+
+@contextmanager
+def narrowed(batch: Any) -> Iterator[Any]:
+    """`batch` (verl's KVBatchMeta) with `fields` set to what the workers read, for one worker call."""
+    from verl.utils.transferqueue_utils import kv_batch_meta2batch_meta
+
+    before = batch.fields
+    # the trainer's meta names no fields (= all): the controller knows them, one metadata call
+    every = before if before is not None else kv_batch_meta2batch_meta(batch).field_names
+    batch.fields = worker_fields(every)
+    try:
+        yield batch
+    finally:
+        batch.fields = before
+
+
+# verl's V1 trainer methods that hand the step's batch to a worker group (trainer_base.py)
+WORKER_CALLS = ("_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values", "_update_critic", "_update_actor")
+
+
+class NarrowFetch:
+    """In front of a verl V1 trainer: each of WORKER_CALLS runs with the batch narrowed to what workers read."""
+
+
+def _narrowing(name: str):
+    def method(self, batch, metrics):
+        with narrowed(batch):
+            return getattr(super(NarrowFetch, self), name)(batch, metrics)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name in WORKER_CALLS:
+    setattr(NarrowFetch, _name, _narrowing(_name))
+
+
+def use_narrow_fetch(mode: str) -> type:
+    """Put NarrowFetch in front of the trainer registered as `mode` (idempotent); returns the class now there."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    base = trainer_base.get_trainer_cls(mode)
+    if issubclass(base, NarrowFetch):
+        return base
+    cls = type(f"NarrowFetch{base.__name__}", (NarrowFetch, base), {"__module__": __name__})
+    trainer_base.TRAINER_REGISTRY[mode] = cls
+    return cls
+
+
+def task_runner(base: Any) -> Any:
+    """verl's TaskRunner actor class `base` (TaskRunnerV1), whose run first installs NarrowFetch for its mode.
+
+    `base` is a Ray actor class; Ray keeps the Python class it wraps on its modified class. The registry
+    is changed in the TaskRunner's own process, the one that looks the trainer up.
+    """
+    import ray
+
+    wrapped = base.__ray_metadata__.modified_class.__ray_actor_class__
+
+    class NarrowFetchTaskRunner(wrapped):
+        def run(self, config):
+            use_narrow_fetch(config.trainer.v1.trainer_mode)
+            return super().run(config)
+
+    return ray.remote(NarrowFetchTaskRunner)

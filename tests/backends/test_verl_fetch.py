@@ -1,0 +1,134 @@
+"""Our verl trainer's worker calls fetch what the workers read (rl_factory/backends/verl/fetch.py).
+
+On the trajectories of a real V1 rollout step in TransferQueue (our loop, verl's reward worker), through
+verl's own `tqbridge`, the path by which an actor worker receives the trainer's batch. The workers' compute
+needs GPUs; a worker group that records what it was handed stands in for them.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
+ray = pytest.importorskip("ray")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from rl_factory.backends.verl import fetch  # noqa: E402
+from rl_factory.config import ConfigError  # noqa: E402
+from tests.backends.test_verl_v1_ray import RIGHT, WRONG, rollout_step  # noqa: E402
+
+READ_BY_WORKERS = {"input_ids", "position_ids", "responses", "response_mask", "prompts", "rollout_log_probs"}
+
+
+@pytest.fixture()
+def registry():
+    """verl's trainer registry, as it was before the test."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    before = dict(trainer_base.TRAINER_REGISTRY)
+    yield trainer_base.TRAINER_REGISTRY
+    trainer_base.TRAINER_REGISTRY.clear()
+    trainer_base.TRAINER_REGISTRY.update(before)
+
+
+class RecordingWorkers:
+    """An actor worker group: each call receives the batch as a worker does (verl's tqbridge) and records it."""
+
+    def __init__(self):
+        from verl.utils.transferqueue_utils import tqbridge
+
+        self.received: dict[str, list[str]] = {}
+
+        @tqbridge()
+        def update_actor(data):
+            self.received["update_actor"] = sorted(data.keys())
+            return {"metrics": {"mfu": [0.5], "pg_loss": [0.1, 0.3]}}  # per micro-batch, as the worker's metrics
+
+        @tqbridge()
+        def compute_log_prob(data):
+            self.received["compute_log_prob"] = sorted(data.keys())
+            from tensordict import TensorDict
+            lengths = data["input_ids"].offsets().diff().tolist()
+            nested = torch.nested.as_nested_tensor([torch.full((n,), -0.5) for n in lengths], layout=torch.jagged)
+            return TensorDict({"log_probs": nested, "entropy": nested.clone()}, batch_size=[len(lengths)])
+
+        self.update_actor, self.compute_log_prob = update_actor, compute_log_prob
+
+
+def test_worker_calls_get_every_field_but_the_rollouts_bookkeeping(ray_cluster, verl_setup, registry):
+    import transfer_queue as tq
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    cfg, files = verl_setup("algorithm.old_log_probs=recompute")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    trainer_cls = fetch.use_narrow_fetch("sync")
+
+    def then(keys):
+        every = sorted(tq.kv_batch_get(keys=keys, partition_id="train").keys())
+        trainer = trainer_cls.__new__(trainer_cls)  # the methods under test read only config and worker group
+        trainer.config, trainer.actor_rollout_wg = cfg, RecordingWorkers()
+        batch = KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train")
+        metrics: dict = {}
+        trainer._compute_old_log_prob(batch, metrics)
+        trainer._update_actor(batch, metrics)
+        after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs", "entropy"])
+        # what each worker got: fields from TransferQueue, and the batch's extra_info (calculate_entropy, ...)
+        received = {call: set(names) - set(batch.extra_info) for call, names in trainer.actor_rollout_wg.received.items()}
+        return every, received, batch.fields, metrics, after
+
+    every, received, fields_after, metrics, after = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=then)
+    assert issubclass(trainer_cls, PPOTrainerSync)
+    # what the rollout left: the workers' inputs and the bookkeeping, ours (trajectory records) among it
+    assert READ_BY_WORKERS | {"extra_fields", "raw_prompt", "rm_scores", "reward_model", "uid"} <= set(every)
+    expected = set(every) - fetch.UNREAD
+    assert READ_BY_WORKERS <= set(expected) and len(expected) < len(every) - 10
+    assert received["compute_log_prob"] == expected
+    # the update's batch also holds what the old-log-prob pass wrote back
+    assert received["update_actor"] == expected | {"old_log_probs", "entropy"}
+    assert fields_after is None  # the trainer's meta is left as verl made it
+    # the pass's results went back to TransferQueue through verl's own path, sliced to the responses
+    assert all(float(row.max()) == -0.5 for row in after["old_log_probs"].unbind(0))
+    assert metrics["actor/entropy"] == pytest.approx(-0.5) and metrics["actor/pg_loss"] == pytest.approx(0.2)
+
+
+def test_narrow_fetch_takes_the_modes_place_once(registry):
+    import inspect
+
+    from verl.trainer.ppo.v1 import PPOTrainer, PPOTrainerColocateAsync, PPOTrainerSync, get_trainer_cls
+
+    for name in fetch.WORKER_CALLS:  # a verl that renamed one would leave its call unnarrowed: fail here instead
+        assert list(inspect.signature(getattr(PPOTrainer, name)).parameters) == ["self", "batch", "metrics"], name
+
+    sync = fetch.use_narrow_fetch("sync")
+    assert get_trainer_cls("sync") is sync and issubclass(sync, PPOTrainerSync) and sync.__mro__[1] is fetch.NarrowFetch
+    assert fetch.use_narrow_fetch("sync") is sync  # a second install does not wrap it twice
+    assert get_trainer_cls("colocate_async") is PPOTrainerColocateAsync  # other modes keep verl's class
+    with pytest.raises(ValueError, match="Unknown trainer"):
+        fetch.use_narrow_fetch("no_such_mode")
+
+
+def test_launcher_picks_the_task_runner_from_worker_fetch(ray_cluster, verl_setup):
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from rl_factory.backends.verl.launcher import task_runner_class
+
+    cfg, _ = verl_setup()
+    assert cfg.worker_fetch == "needed"
+    ours = task_runner_class(cfg, TaskRunnerV1)
+    base = TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
+    assert issubclass(ours.__ray_metadata__.modified_class.__ray_actor_class__, base)
+    # as a Ray actor (as run_ppo starts it): its run installs NarrowFetch for the mode, then runs verl's own run
+    runner = ours.remote()
+    with pytest.raises(ray.exceptions.RayTaskError, match="Unknown trainer 'nope'"):
+        ray.get(runner.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "nope"}}})))
+    with pytest.raises(ray.exceptions.RayTaskError, match="Missing key transfer_queue"):  # verl's run, past ours
+        ray.get(runner.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}})))
+    ray.kill(runner)
+    OmegaConf.update(cfg, "worker_fetch", "all")
+    assert task_runner_class(cfg, TaskRunnerV1) is TaskRunnerV1
+    OmegaConf.update(cfg, "worker_fetch", "some")
+    with pytest.raises(ConfigError, match="worker_fetch='some'"):
+        task_runner_class(cfg, TaskRunnerV1)
