@@ -167,6 +167,7 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
     (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"], "anchor=greedy is not available"),
     (["rollout.context=step", "algorithm.advantage=rloo"], "rollout.context=step on verl"),
     (["algorithm.advantage=arena", "trainer.use_v1=false"], "needs trainer.use_v1=true"),
+    (["worker_fetch=some"], "worker_fetch='some': expected one of needed, all"),
 ])
 def test_bad_verl_configs_fail_with_one_line(args, message, tmp_path):
     run = subprocess.run(["bash", "main_grpo.sh", "trainer.backend=verl", *args, "--cfg", "job"],

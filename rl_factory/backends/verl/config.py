@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rl_factory.backends.verl import old_log_probs
+from rl_factory.backends.verl import fetch, old_log_probs
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
 from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
@@ -168,6 +168,7 @@ def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[st
     for reason in tuned.reasons:
         if reason.split("=", 1)[0] not in given:
             log.info("verl tuning: %s", reason)
+    fetch.mode(cfg)  # a bad worker_fetch stops here, before Ray starts (and under --cfg job)
     # after the mapping and the raw keys: the mode depends on the final epochs and mini-batch size
     log.info("verl: %s", old_log_probs.apply(cfg, ours.algorithm.old_log_probs, given))
     if cfg.actor_rollout_ref.model.override_config.get("attn_implementation") == "rl_factory_varlen":

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rl_factory.config import ConfigError
+
 # Fields no worker reads: what the dataset, the agent loop and the reward put for the trainer's reward, metrics
 # and dumps, and a pass's raw output the trainer has re-put in the form the update reads. Anything not named
 # here is fetched (a field some worker needs is never left out by default).
@@ -40,6 +42,14 @@ UNREAD = frozenset({
     "log_probs",
 })
 MODES = ("needed", "all")
+
+
+def mode(cfg: Any) -> str:
+    """`worker_fetch` of the composed verl config; anything but MODES is refused with one line."""
+    value = cfg.get("worker_fetch", "needed")
+    if value not in MODES:
+        raise ConfigError(f"worker_fetch={value!r}: expected one of {', '.join(MODES)} (configs/verl.yaml)")
+    return value
 
 
 def worker_fields(fields: Iterable[str]) -> list[str]:

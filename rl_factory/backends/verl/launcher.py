@@ -208,10 +208,7 @@ def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
     """verl's TaskRunner (`worker_fetch: all`), or ours, whose trainer fetches only what the workers read (fetch.py)."""
     from rl_factory.backends.verl import fetch
 
-    mode = cfg.get("worker_fetch", "needed")
-    if mode not in fetch.MODES:
-        raise ConfigError(f"worker_fetch={mode!r}: expected one of {', '.join(fetch.MODES)} (configs/verl.yaml)")
-    return fetch.task_runner(verls) if mode == "needed" else verls
+    return fetch.task_runner(verls) if fetch.mode(cfg) == "needed" else verls
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
