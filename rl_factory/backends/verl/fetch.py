@@ -93,15 +93,15 @@ for _name in WORKER_CALLS:
     setattr(NarrowFetch, _name, _narrowing(_name))
 
 
-def use_narrow_fetch(mode: str) -> type:
-    """Put NarrowFetch in front of the trainer registered as `mode` (idempotent); returns the class now there."""
+def use_narrow_fetch(trainer_mode: str) -> type:
+    """Put NarrowFetch in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
     from verl.trainer.ppo.v1 import trainer_base
 
-    base = trainer_base.get_trainer_cls(mode)
+    base = trainer_base.get_trainer_cls(trainer_mode)
     if issubclass(base, NarrowFetch):
         return base
     cls = type(f"NarrowFetch{base.__name__}", (NarrowFetch, base), {"__module__": __name__})
-    trainer_base.TRAINER_REGISTRY[mode] = cls
+    trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
     return cls
 
 
