@@ -85,13 +85,93 @@ def test_worker_calls_get_every_field_but_the_rollouts_bookkeeping(ray_cluster, 
     assert READ_BY_WORKERS | {"extra_fields", "raw_prompt", "rm_scores", "reward_model", "uid"} <= set(every)
     expected = set(every) - fetch.UNREAD
     assert READ_BY_WORKERS <= set(expected) and len(expected) < len(every) - 10
-    assert received["compute_log_prob"] == expected
-    # the update's batch also holds what the old-log-prob pass wrote back
-    assert received["update_actor"] == expected | {"old_log_probs", "entropy"}
+    # the forward-only pass also goes without the responses' own tensors and vLLM's log-probs
+    assert received["compute_log_prob"] == expected - fetch.FORWARD_UNREAD
+    assert fetch.FORWARD_UNREAD <= expected and {"input_ids", "position_ids", "loss_mask"} <= received["compute_log_prob"]
+    # the update's batch also holds the old log-probs the pass wrote back (its entropy is the trainer's metric)
+    assert received["update_actor"] == expected | {"old_log_probs"}
     assert fields_after is None  # the trainer's meta is left as verl made it
     # the pass's results went back to TransferQueue through verl's own path, sliced to the responses
     assert all(float(row.max()) == -0.5 for row in after["old_log_probs"].unbind(0))
     assert metrics["actor/entropy"] == pytest.approx(-0.5) and metrics["actor/pg_loss"] == pytest.approx(0.2)
+
+
+@pytest.fixture()
+def verl_actor(tiny_model_dir, monkeypatch):
+    """verl's own actor worker (TrainingWorker, FSDP engine) on the tiny model, on CPU: the engine's module is the
+    plain Hugging Face model (FSDP wrapping needs a GPU) and verl's platform says "cpu" instead of "cuda"."""
+    import socket
+
+    from transformers import AutoModelForCausalLM
+    from verl.plugin.platform import get_platform
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.engine_workers import TrainingWorker
+
+    monkeypatch.setattr(type(get_platform()), "device_name", "cpu")
+    monkeypatch.setattr(type(get_platform()), "current_device", lambda self: "cpu")
+    assert not torch.distributed.is_initialized()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    model = HFModelConfig(path=str(tiny_model_dir), use_remove_padding=True)
+    engine_cfg = FSDPEngineConfig(use_torch_compile=False, use_dynamic_bsz=True, max_token_len_per_gpu=4096,
+                                  infer_max_token_len_per_gpu=8192)
+    engine = FSDPEngineWithLMHead(model, engine_cfg, FSDPOptimizerConfig(lr=1e-6), CheckpointConfig())
+    engine.module = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    engine._autocast_dtype = torch.float32
+    worker = TrainingWorker.__new__(TrainingWorker)  # what its constructor sets that infer_batch reads
+    worker.engine, worker.model_config, worker.engine_config = engine, model, engine_cfg
+    worker.device_name, worker.flops_counter, worker.loss_fn = "cpu", None, None
+    worker._Worker__dispatch_dp_rank, worker._Worker__collect_dp_rank = {}, {}
+    worker._register_dispatch_collect_info("train", dp_rank=0, is_collect=True)  # one rank: it puts the output
+    yield worker
+    torch.distributed.destroy_process_group()  # the next test in this process may start its own
+
+
+def test_verls_forward_gives_the_same_old_log_probs_on_the_narrowed_fetch(ray_cluster, verl_setup, registry,
+                                                                          verl_actor):
+    """verl's own old-log-prob pass, worker side included (TrainingWorker.infer_batch: tqbridge's fetch, verl's
+    micro-batching and forward, the put back), with and without NarrowFetch: the same numbers."""
+    import transfer_queue as tq
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.workers.engine_workers import TrainingWorker
+
+    cfg, files = verl_setup("algorithm.old_log_probs=recompute")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 1)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    received = []
+    forward = verl_actor.engine.infer_batch
+
+    def recording(data, **kwargs):
+        received.append(set(data.keys()))
+        return forward(data, **kwargs)
+
+    verl_actor.engine.infer_batch = recording
+    workers = type("ActorWorkers", (), {"compute_log_prob": staticmethod(
+        lambda batch: TrainingWorker.infer_batch(verl_actor, batch))})()
+
+    def then(keys):
+        out = {}
+        for name, trainer_cls in (("all", fetch.use_narrow_fetch("sync").__mro__[2]),
+                                  ("needed", fetch.use_narrow_fetch("sync"))):
+            trainer = trainer_cls.__new__(trainer_cls)
+            trainer.config, trainer.actor_rollout_wg = cfg, workers
+            metrics: dict = {}
+            trainer._compute_old_log_prob(KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train"), metrics)
+            got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs", "response_mask"])
+            out[name] = got["old_log_probs"].unbind(0), got["response_mask"].unbind(0), metrics
+        return out
+
+    out = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=then)
+    assert len(received) == 2 and fetch.FORWARD_UNREAD <= received[0] and not fetch.FORWARD_UNREAD & received[1]
+    (lp_all, mask, m_all), (lp_needed, _, m_needed) = out["all"], out["needed"]
+    assert len(lp_all) == 3 and all(int(m.sum()) > 0 for m in mask)
+    for a, b, m in zip(lp_all, lp_needed, mask):
+        assert torch.equal(a, b) and bool((a[m.bool()] < 0).all())  # real log-probs of the sampled tokens
+    assert m_all["actor/entropy"] == m_needed["actor/entropy"] > 0
 
 
 def test_narrow_fetch_takes_the_modes_place_once(registry):

@@ -13,7 +13,11 @@ The old-log-prob, reference, value and update calls each pay it once a step.
 
 So our trainer, verl's trainer of the configured mode (`trainer.v1.trainer_mode`) with `NarrowFetch` in
 front, sets `fields` for those calls to every field but UNREAD (which also drops the old-log-prob pass's
-raw full-sequence output from the update's fetch), and puts it back after. It takes the mode's place in
+raw full-sequence output from the update's fetch), less, for the log-prob passes, what only the losses read
+(FORWARD_UNREAD), and puts it back after. On the H200 (2026-12-03, 0.6B shape, `old_log_probs=recompute`,
+same session) the old-log-prob phase took 0.51 s a step this way against 0.73 s fetching every field, and
+the update 1.19 against 1.55 s; CPU, the whole old-log-prob call but the forward
+(`benchmarks/old_log_prob_call.py`): 212 -> 145 ms. It takes the mode's place in
 verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's name stays, because verl's
 trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
 `worker_fetch: all` in configs/verl.yaml keeps verl's own TaskRunner and behaviour.
@@ -40,7 +44,15 @@ UNREAD = frozenset({
     # the old-log-prob and reference passes' full-sequence log-probs: the trainer puts them back sliced to the
     # responses as old_log_probs / ref_log_prob, which the update reads
     "log_probs",
+    # the old-log-prob pass's entropy, which the trainer puts back sliced for its `actor/entropy` metric: the
+    # losses take the entropy of their own forward (verl's losses.py: model_output["entropy"])
+    "entropy",
 })
+# ...and what the log-prob passes (old and reference) do not read either: the actor's forward runs on the packed
+# sequences (input_ids, position_ids; loss_mask counts the tokens); the responses' own tensors and vLLM's
+# log-probs are read by the losses and the trainer (verl 0.9.1; tests/backends/test_verl_fetch.py runs verl's
+# actor worker on both fetches and compares). The critic's value pass keeps them: nothing here runs it.
+FORWARD_UNREAD = frozenset({"prompts", "responses", "rollout_log_probs"})
 MODES = ("needed", "all")
 
 
@@ -52,45 +64,52 @@ def mode(cfg: Any) -> str:
     return value
 
 
-def worker_fields(fields: Iterable[str]) -> list[str]:
-    """The fields a worker call fetches, of a batch holding `fields` (their order kept)."""
-    return [f for f in fields if f not in UNREAD]
+def worker_fields(fields: Iterable[str], unread: frozenset[str] = frozenset()) -> list[str]:
+    """The fields a worker call fetches, of a batch holding `fields` (their order kept); `unread`: the call's own."""
+    return [f for f in fields if f not in UNREAD and f not in unread]
 
 
 @contextmanager
-def narrowed(batch: Any) -> Iterator[Any]:
+def narrowed(batch: Any, unread: frozenset[str] = frozenset()) -> Iterator[Any]:
     """`batch` (verl's KVBatchMeta) with `fields` set to what the workers read, for one worker call."""
     from verl.utils.transferqueue_utils import kv_batch_meta2batch_meta
 
     before = batch.fields
     # the trainer's meta names no fields (= all): the controller knows them, one metadata call
     every = before if before is not None else kv_batch_meta2batch_meta(batch).field_names
-    batch.fields = worker_fields(every)
+    batch.fields = worker_fields(every, unread)
     try:
         yield batch
     finally:
         batch.fields = before
 
 
-# verl's V1 trainer methods that hand the step's batch to a worker group (trainer_base.py)
-WORKER_CALLS = ("_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values", "_update_critic", "_update_actor")
+# verl's V1 trainer methods that hand the step's batch to a worker group (trainer_base.py), each with the fields
+# its workers leave unread beyond UNREAD
+WORKER_CALLS = {
+    "_compute_old_log_prob": FORWARD_UNREAD,
+    "_compute_ref_log_prob": FORWARD_UNREAD,
+    "_compute_values": frozenset(),
+    "_update_critic": frozenset(),
+    "_update_actor": frozenset(),
+}
 
 
 class NarrowFetch:
     """In front of a verl V1 trainer: each of WORKER_CALLS runs with the batch narrowed to what workers read."""
 
 
-def _narrowing(name: str):
+def _narrowing(name: str, unread: frozenset[str]):
     def method(self, batch, metrics):
-        with narrowed(batch):
+        with narrowed(batch, unread):
             return getattr(super(NarrowFetch, self), name)(batch, metrics)
 
     method.__name__ = method.__qualname__ = name
     return method
 
 
-for _name in WORKER_CALLS:
-    setattr(NarrowFetch, _name, _narrowing(_name))
+for _name, _unread in WORKER_CALLS.items():
+    setattr(NarrowFetch, _name, _narrowing(_name, _unread))
 
 
 def use_narrow_fetch(trainer_mode: str) -> type:
