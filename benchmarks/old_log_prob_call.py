@@ -17,12 +17,10 @@ below), over the repeats.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
@@ -131,36 +129,13 @@ def time_calls(cfg, keys: list[str], repeats: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=10, help="timed calls of each way")
-    ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
-    ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model)")
-    args = ap.parse_args()
-    try:
-        import ray
-    except ImportError:
-        sys.exit("old_log_prob_call: needs verl and ray (bash setup.sh --dev installs the CPU build)")
-    import ray.cloudpickle
-
     from benchmarks import verl_loop_overhead
 
-    ray.cloudpickle.register_pickle_by_value(verl_loop_overhead)  # the scripted server travels by value
-    os.environ["PYTHONPATH"] = f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"
-    ray.init(num_cpus=2 * args.workers + 4, include_dashboard=False, log_to_driver=False)
-    rollout = argparse.Namespace(prompts=args.prompts, n=args.n, repeats=1, workers=args.workers, request_ms=0.0,
-                                 model=args.model)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "cfg").mkdir()
-            cfg, _ = verl_loop_overhead.compose("rl_factory", args.prompts, args.n, Path(tmp) / "cfg", args.workers,
-                                                args.model)
-            step = verl_loop_overhead.measure("rl_factory", rollout, Path(tmp),
-                                              then=lambda keys: time_calls(cfg, keys, args.repeats))
-    finally:
-        ray.shutdown()
-    print(json.dumps({"bench": "old_log_prob_call", "prompts": args.prompts, "n": args.n, "repeats": args.repeats,
+    args = verl_loop_overhead.parser(__doc__, 10, "timed calls of each way").parse_args()
+    args.repeats, calls = 1, args.repeats  # one rollout step (after the warm-up) to time the calls on
+    step = verl_loop_overhead.each_loop("old_log_prob_call", args, ["rl_factory"],
+                                        lambda keys, cfg: time_calls(cfg, keys, calls))["rl_factory"]
+    print(json.dumps({"bench": "old_log_prob_call", "prompts": args.prompts, "n": args.n, "repeats": calls,
                       "trajectories": step["trajectories"], "cpu_count": os.cpu_count(), **step["then"]}))
 
 

@@ -121,7 +121,8 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int, model: st
 
 
 def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
-    """The loop's steps; `then(keys)`, if given, runs on the last step's trajectories while TransferQueue holds them."""
+    """The loop's steps; `then(keys, cfg)`, if given, runs on the last step's trajectories while TransferQueue
+    holds them (cfg: the composed verl config)."""
     import numpy as np
     import ray
     import transfer_queue as tq
@@ -140,7 +141,7 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
     try:
         reward_workers = [ray.remote(RewardLoopWorker).remote(cfg) for _ in range(cfg.reward.num_workers)]
         note(f"{loop}: {len(reward_workers)} reward workers, starting the agent-loop manager")
-        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=InstantServer(tokenizer, args.request_ms / 1000),
+        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=InstantServer(tokenizer, getattr(args, "request_ms", 0.0) / 1000),
                                             teacher_client=None, reward_loop_worker_handles=reward_workers)
         times, cpu_before = [], {}
         for step in range(1 + args.repeats):  # step 0 warms up: workers import, tool servers start
@@ -172,7 +173,7 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
         keys = sorted(k for k in tq.kv_list(partition_id="train").get("train", {}) if k.startswith(f"s{args.repeats}-") and "_" in k)
         scores = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores"])["rm_scores"]
         reward = float(sum(float(s.sum()) for s in scores.unbind(0)) / max(1, len(keys)))
-        extra = then(keys) if then else None
+        extra = then(keys, cfg) if then else None
     finally:
         tq.close()
     cpu = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / args.repeats, 3) for name in cpu_after}
@@ -182,38 +183,46 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
             "trajectories": len(keys), "reward_mean": reward, **({"then": extra} if then else {})}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(description: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
+    """The arguments every benchmark of a verl rollout step on CPU takes (this one, worker_fetch, old_log_prob_call)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
                     help="agent-loop and reward workers (verl's default on a GPU node is 8)")
-    ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
     # only its tokenizer and chat template are used (the model is scripted); building the builtin one
     # trains it for minutes on a 2-core machine with an empty cache
     ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model, built if missing)")
-    ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
-                    choices=["rl_factory", "verl_tool_agent"])
-    args = ap.parse_args()
+    return ap
+
+
+def each_loop(tool: str, args: argparse.Namespace, loops: list[str], then=None) -> dict:
+    """{loop: measure(loop, ...)} with Ray started for it and stopped after; `then` as measure's."""
     try:
         import ray
     except ImportError:
-        sys.exit("verl_loop_overhead: needs verl and ray (bash setup.sh --dev installs the CPU build)")
+        sys.exit(f"{tool}: needs verl and ray (bash setup.sh --dev installs the CPU build)")
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the scripted server travels by value
     os.environ["PYTHONPATH"] = f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"  # Ray's workers import benchmarks.*
     ray.init(num_cpus=2 * args.workers + 4, include_dashboard=False, log_to_driver=bool(os.environ.get("RL_FACTORY_BENCH_LOGS")))
-    out = {"bench": "verl_loop_overhead", "prompts": args.prompts, "n": args.n, "request_ms": args.request_ms,
-           "workers": args.workers,
-           "cpu_count": os.cpu_count()}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for loop in args.loops:
-                out[loop] = measure(loop, args, Path(tmp))
+            return {loop: measure(loop, args, Path(tmp), then) for loop in loops}
     finally:
         ray.shutdown()
+
+
+def main() -> None:
+    ap = parser(__doc__, 5, "measured steps of each loop, after a warm-up step")
+    ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
+    ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
+                    choices=["rl_factory", "verl_tool_agent"])
+    args = ap.parse_args()
+    out = {"bench": "verl_loop_overhead", "prompts": args.prompts, "n": args.n, "request_ms": args.request_ms,
+           "workers": args.workers, "cpu_count": os.cpu_count(), **each_loop("verl_loop_overhead", args, args.loops)}
     if "rl_factory" in out and "verl_tool_agent" in out:
         out["ours_vs_verl"] = out["rl_factory"]["median_s"] / out["verl_tool_agent"]["median_s"]
         # what the loops cost the machine, whatever the wall clock's noise: CPU seconds of every process per step

@@ -15,12 +15,10 @@ split, for every field and for ours.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -71,38 +69,17 @@ def time_calls(keys: list[str], repeats: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=10, help="timed calls of each kind")
-    ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
-    ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model)")
+    from benchmarks import verl_loop_overhead
+
+    ap = verl_loop_overhead.parser(__doc__, 10, "timed calls of each kind")
     ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
                     choices=["rl_factory", "verl_tool_agent"])
     args = ap.parse_args()
-    try:
-        import ray
-    except ImportError:
-        sys.exit("worker_fetch: needs verl and ray (bash setup.sh --dev installs the CPU build)")
-    import ray.cloudpickle
-
-    from benchmarks import verl_loop_overhead
-
-    ray.cloudpickle.register_pickle_by_value(verl_loop_overhead)  # the scripted server travels by value
-    os.environ["PYTHONPATH"] = f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"
-    ray.init(num_cpus=2 * args.workers + 4, include_dashboard=False, log_to_driver=False)
-    rollout = argparse.Namespace(prompts=args.prompts, n=args.n, repeats=1, workers=args.workers, request_ms=0.0,
-                                 model=args.model)
-    out = {"bench": "worker_fetch", "prompts": args.prompts, "n": args.n, "repeats": args.repeats,
-           "cpu_count": os.cpu_count()}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for loop in args.loops:
-                step = verl_loop_overhead.measure(loop, rollout, Path(tmp),
-                                                  then=lambda keys: time_calls(keys, args.repeats))
-                out[loop] = {"trajectories": step["trajectories"], **step["then"]}
-    finally:
-        ray.shutdown()
+    args.repeats, calls = 1, args.repeats  # one rollout step (after the warm-up) to time the calls on
+    steps = verl_loop_overhead.each_loop("worker_fetch", args, args.loops, lambda keys, cfg: time_calls(keys, calls))
+    out = {"bench": "worker_fetch", "prompts": args.prompts, "n": args.n, "repeats": calls, "cpu_count": os.cpu_count()}
+    for loop, step in steps.items():
+        out[loop] = {"trajectories": step["trajectories"], **step["then"]}
     print(json.dumps(out))
 
 
