@@ -15,9 +15,10 @@ So our trainer, verl's trainer of the configured mode (`trainer.v1.trainer_mode`
 front, sets `fields` for those calls to every field but UNREAD (which also drops the old-log-prob pass's
 raw full-sequence output from the update's fetch), less, for the log-prob passes, what only the losses read
 (FORWARD_UNREAD), and puts it back after. On the H200 (2026-12-03, 0.6B shape, `old_log_probs=recompute`,
-same session) the old-log-prob phase took 0.51 s a step this way against 0.73 s fetching every field, and
-the update 1.19 against 1.55 s; CPU, the whole old-log-prob call but the forward
-(`benchmarks/old_log_prob_call.py`): 212 -> 145 ms. It takes the mode's place in
+two calls back to back, UNREAD alone) the old-log-prob phase took 0.51 s a step against 0.73 s fetching every
+field, and the update 1.19 against 1.55 s. On CPU, the whole old-log-prob call but the forward
+(`benchmarks/old_log_prob_call.py`, medians of 10): 235 ms with every field, 160 with UNREAD, 153 with
+FORWARD_UNREAD too. It takes the mode's place in
 verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's name stays, because verl's
 trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
 `worker_fetch: all` in configs/verl.yaml keeps verl's own TaskRunner and behaviour.
