@@ -141,7 +141,7 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
     try:
         reward_workers = [ray.remote(RewardLoopWorker).remote(cfg) for _ in range(cfg.reward.num_workers)]
         note(f"{loop}: {len(reward_workers)} reward workers, starting the agent-loop manager")
-        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=InstantServer(tokenizer, getattr(args, "request_ms", 0.0) / 1000),
+        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=InstantServer(tokenizer, args.request_ms / 1000),
                                             teacher_client=None, reward_loop_worker_handles=reward_workers)
         times, cpu_before = [], {}
         for step in range(1 + args.repeats):  # step 0 warms up: workers import, tool servers start
@@ -194,6 +194,7 @@ def parser(description: str, repeats: int, repeats_help: str) -> argparse.Argume
     # only its tokenizer and chat template are used (the model is scripted); building the builtin one
     # trains it for minutes on a 2-core machine with an empty cache
     ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model, built if missing)")
+    ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
     return ap
 
 
@@ -217,7 +218,6 @@ def each_loop(tool: str, args: argparse.Namespace, loops: list[str], then=None) 
 
 def main() -> None:
     ap = parser(__doc__, 5, "measured steps of each loop, after a warm-up step")
-    ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
     ap.add_argument("--loops", nargs="+", default=["rl_factory", "verl_tool_agent"],
                     choices=["rl_factory", "verl_tool_agent"])
     args = ap.parse_args()
