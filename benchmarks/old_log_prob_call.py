@@ -6,7 +6,8 @@ One rollout step of our loop runs for real (benchmarks/verl_loop_overhead.py: Ra
 AgentLoopWorkerTQ and RewardLoopWorker, a scripted model). While TransferQueue holds its trajectories,
 verl's own `_compute_old_log_prob` (trainer_base.py, `algorithm.old_log_probs=recompute`) runs on copies of
 them three ways, alternating the order: through verl's trainer (`all`: every field), with fetch.UNREAD alone
-(`common_unread`), and through our trainer (`needed`: also the pass's FORWARD_UNREAD). Its worker
+(`common_unread`), and through our trainer (`needed`: also the pass's FORWARD_UNREAD, and the trainer's put
+of the old log-probs alone, fetch.old_log_prob_pass). Its worker
 group receives the batch the way verl's actor worker does (verl's `tqbridge`: metadata, fetch, and the
 output's put back) and splits it with verl's `prepare_micro_batches`; the forward is replaced by the
 output it would return (full-sequence log-probs and entropy, float32), so what is timed is everything
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 @contextmanager
 def timed(spent: dict, targets: dict):
-    """Each `label: (owner, attribute)` in `targets` adds its calls' seconds to spent[label] while inside."""
+    """Each `(label, owner, attribute)` in `targets` adds its calls' seconds to spent[label] while inside."""
     def wrap(label, fn):
         def inner(*args, **kwargs):
             t0 = time.perf_counter()
@@ -44,7 +45,7 @@ def timed(spent: dict, targets: dict):
         return inner
 
     with ExitStack() as stack:
-        for label, (owner, name) in targets.items():
+        for label, owner, name in targets:
             stack.enter_context(mock.patch.object(owner, name, wrap(label, getattr(owner, name))))
         yield
 
@@ -81,6 +82,8 @@ def time_calls(cfg, keys: list[str], repeats: int) -> dict:
     from transfer_queue.metadata import KVBatchMeta
     from verl.trainer.ppo.v1 import trainer_base
     from verl.utils import transferqueue_utils as tqu
+    from verl.utils.debug import metrics as debug_metrics
+    from verl.workers.utils import padding
 
     from rl_factory.backends.verl import fetch
 
@@ -93,16 +96,19 @@ def time_calls(cfg, keys: list[str], repeats: int) -> dict:
                 return super()._compute_old_log_prob(batch, metrics)
 
     classes = {"all": verls, "common_unread": CommonOnly, "needed": fetch.use_narrow_fetch("sync")}
-    targets = {
-        "worker_meta": (tqu, "kv_batch_meta2batch_meta"),  # KVBatchMeta -> BatchMeta (also our narrowing's lookup)
-        "worker_fetch": (tqu, "_meta_to_realdata"),
-        "worker_put": (tqu, "_update_meta_with_output"),
-        "worker_keys": (tqu, "batch_meta2kv_batch_meta"),
-        "trainer_get": (tq, "kv_batch_get"),
-        "trainer_put": (tq, "kv_batch_put"),
-        "trainer_slice": (trainer_base, "response_from_nested"),
-        "trainer_debug_metrics": (trainer_base, "calculate_debug_metrics"),
-    }
+    targets = [
+        ("worker_meta", tqu, "kv_batch_meta2batch_meta"),  # KVBatchMeta -> BatchMeta (also our narrowing's lookup)
+        ("worker_fetch", tqu, "_meta_to_realdata"),
+        ("worker_put", tqu, "_update_meta_with_output"),
+        ("worker_keys", tqu, "batch_meta2kv_batch_meta"),
+        ("trainer_get", tq, "kv_batch_get"),
+        ("trainer_put", tq, "kv_batch_put"),
+        # verl's pass calls them by trainer_base's names, ours (fetch.old_log_prob_pass) from their modules
+        ("trainer_slice", trainer_base, "response_from_nested"),
+        ("trainer_slice", padding, "response_from_nested"),
+        ("trainer_debug_metrics", trainer_base, "calculate_debug_metrics"),
+        ("trainer_debug_metrics", debug_metrics, "calculate_debug_metrics"),
+    ]
     rollout = tq.kv_batch_get(keys=keys, partition_id="train")
     out: dict[str, dict] = {}
     for k in range(repeats):

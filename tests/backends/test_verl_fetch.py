@@ -32,6 +32,14 @@ def registry():
     trainer_base.TRAINER_REGISTRY.update(before)
 
 
+def entropy_lengths(keys: list[str]) -> dict[str, list[int]]:
+    """The row lengths of the stored entropy, whole sequences and responses: which form the entropy was left in."""
+    import transfer_queue as tq
+
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["entropy", "input_ids", "responses"])
+    return {name: got[name].offsets().diff().tolist() for name in ("entropy", "input_ids", "responses")}
+
+
 class RecordingWorkers:
     """An actor worker group: each call receives the batch as a worker does (verl's tqbridge) and records it."""
 
@@ -74,12 +82,13 @@ def test_worker_calls_get_every_field_but_the_rollouts_bookkeeping(ray_cluster, 
         metrics: dict = {}
         trainer._compute_old_log_prob(batch, metrics)
         trainer._update_actor(batch, metrics)
-        after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs", "entropy"])
+        after = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs"])
+        stored = entropy_lengths(keys)
         # what each worker got: fields from TransferQueue, and the batch's extra_info (calculate_entropy, ...)
         received = {call: set(names) - set(batch.extra_info) for call, names in trainer.actor_rollout_wg.received.items()}
-        return every, received, batch.fields, metrics, after
+        return every, received, batch.fields, metrics, after, stored
 
-    every, received, fields_after, metrics, after = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=then)
+    every, received, fields_after, metrics, after, stored = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=then)
     assert issubclass(trainer_cls, PPOTrainerSync)
     # what the rollout left: the workers' inputs and the bookkeeping, ours (trajectory records) among it
     assert READ_BY_WORKERS | {"extra_fields", "raw_prompt", "rm_scores", "reward_model", "uid"} <= set(every)
@@ -91,8 +100,10 @@ def test_worker_calls_get_every_field_but_the_rollouts_bookkeeping(ray_cluster, 
     # the update's batch also holds the old log-probs the pass wrote back (its entropy is the trainer's metric)
     assert received["update_actor"] == expected | {"old_log_probs"}
     assert fields_after is None  # the trainer's meta is left as verl made it
-    # the pass's results went back to TransferQueue through verl's own path, sliced to the responses
+    # the pass's old log-probs went back to TransferQueue sliced to the responses, as verl's do; its entropy, which
+    # nothing fetches, did not (only the metric reads it)
     assert all(float(row.max()) == -0.5 for row in after["old_log_probs"].unbind(0))
+    assert stored["entropy"] == stored["input_ids"] != stored["responses"]  # the worker's, full-sequence
     assert metrics["actor/entropy"] == pytest.approx(-0.5) and metrics["actor/pg_loss"] == pytest.approx(0.2)
 
 
@@ -155,23 +166,28 @@ def test_verls_forward_gives_the_same_old_log_probs_on_the_narrowed_fetch(ray_cl
 
     def then(keys):
         out = {}
-        for name, trainer_cls in (("all", fetch.use_narrow_fetch("sync").__mro__[2]),
-                                  ("needed", fetch.use_narrow_fetch("sync"))):
+        # ours first: what it leaves in TransferQueue is looked at before verl's pass writes there too
+        for name, trainer_cls in (("needed", fetch.use_narrow_fetch("sync")),
+                                  ("all", fetch.use_narrow_fetch("sync").__mro__[2])):
             trainer = trainer_cls.__new__(trainer_cls)
             trainer.config, trainer.actor_rollout_wg = cfg, workers
             metrics: dict = {}
             trainer._compute_old_log_prob(KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train"), metrics)
             got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs", "response_mask"])
-            out[name] = got["old_log_probs"].unbind(0), got["response_mask"].unbind(0), metrics
+            stored = entropy_lengths(keys)
+            out[name] = got["old_log_probs"].unbind(0), got["response_mask"].unbind(0), metrics, stored
         return out
 
     out = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], then=then)
-    assert len(received) == 2 and fetch.FORWARD_UNREAD <= received[0] and not fetch.FORWARD_UNREAD & received[1]
-    (lp_all, mask, m_all), (lp_needed, _, m_needed) = out["all"], out["needed"]
+    assert len(received) == 2 and not fetch.FORWARD_UNREAD & received[0] and fetch.FORWARD_UNREAD <= received[1]
+    (lp_all, mask, m_all, _), (lp_needed, _, m_needed, stored) = out["all"], out["needed"]
+    # ours puts back the old log-probs alone: the entropy stays as the worker put it, verl's is sliced
+    assert stored["entropy"] == stored["input_ids"] and out["all"][3]["entropy"] == stored["responses"]
     assert len(lp_all) == 3 and all(int(m.sum()) > 0 for m in mask)
     for a, b, m in zip(lp_all, lp_needed, mask):
         assert torch.equal(a, b) and bool((a[m.bool()] < 0).all())  # real log-probs of the sampled tokens
-    assert m_all["actor/entropy"] == m_needed["actor/entropy"] > 0
+    # the same metrics: actor/entropy from the same forward, and vLLM-vs-actor ones where the rollout kept log-probs
+    assert m_all == m_needed and m_needed["actor/entropy"] > 0
 
 
 def test_narrow_fetch_takes_the_modes_place_once(registry):

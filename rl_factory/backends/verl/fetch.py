@@ -18,9 +18,10 @@ raw full-sequence output from the update's fetch), less, for the log-prob passes
 two calls back to back, UNREAD alone) the old-log-prob phase took 0.51 s a step against 0.73 s fetching every
 field, and the update 1.19 against 1.55 s. On CPU, the whole old-log-prob call but the forward
 (`benchmarks/old_log_prob_call.py`, medians of 10): 235 ms with every field, 160 with UNREAD, 153 with
-FORWARD_UNREAD too. It takes the mode's place in
-verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's name stays, because verl's
-trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
+FORWARD_UNREAD too. Its old-log-prob pass also puts back the old log-probs alone (`old_log_prob_pass`):
+H200, 2026-12-04, same job, 0.470 s before, 0.453 and 0.435 s after (0.51 and 0.52 of the forward ceiling).
+It takes the mode's place in verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's
+name stays, because verl's trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
 `worker_fetch: all` in configs/verl.yaml keeps verl's own TaskRunner and behaviour.
 """
 from __future__ import annotations
@@ -113,14 +114,58 @@ for _name, _unread in WORKER_CALLS.items():
     setattr(NarrowFetch, _name, _narrowing(_name, _unread))
 
 
+def old_log_prob_pass(self, batch, metrics):
+    """verl's old-log-prob pass (PPOTrainer._compute_old_log_prob, recompute mode) on the narrowed fetch, putting
+    back `old_log_probs` alone.
+
+    verl's puts the pass's entropy back too, sliced to the responses, but nothing fetches it: the losses take
+    the entropy of their own forward, and the trainer's `actor/entropy` metric is computed here from the copy
+    it already holds (H200, 2026-12-04: the trainer's put of the two fields took ~40 ms of the 0.47 s phase,
+    py-spy). The rest is verl's code as it is: the same fetch, slices, metric and debug metrics.
+    """
+    import transfer_queue as tq
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.utils.debug.metrics import calculate_debug_metrics
+    from verl.workers.utils.padding import response_from_nested
+
+    correction = self.config.algorithm.get("rollout_correction", None)
+    if correction and correction.get("bypass_mode", False):  # no pass: verl copies vLLM's log-probs
+        return super(NarrowFetch, self)._compute_old_log_prob(batch, metrics)
+    rollout, actor = self.config.actor_rollout_ref.rollout, self.config.actor_rollout_ref.actor
+    batch.extra_info.update({"calculate_entropy": True, "compute_loss": False, "temperature": rollout.temperature})
+    with narrowed(batch, FORWARD_UNREAD):
+        output = self.actor_rollout_wg.compute_log_prob(batch)
+    assert len(output) == len(batch)
+    fields = ["entropy", "log_probs", "response_mask"] + (["responses", "rollout_log_probs"]
+                                                          if rollout.calculate_log_probs else [])
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    data["old_log_probs"] = response_from_nested(data.pop("log_probs"), data["response_mask"])
+    data["entropy"] = response_from_nested(data.pop("entropy"), data["response_mask"])
+    batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=data.select("old_log_probs"))
+    data = DataProto(batch=data.to_padded_tensor())
+    metrics["actor/entropy"] = agg_loss(loss_mat=data.batch["entropy"], loss_mask=data.batch["response_mask"],
+                                        loss_agg_mode=actor.loss_agg_mode,
+                                        loss_scale_factor=actor.loss_scale_factor).detach().item()
+    if rollout.calculate_log_probs:
+        metrics.update(calculate_debug_metrics(data))
+    return batch
+
+
 def use_narrow_fetch(trainer_mode: str) -> type:
-    """Put NarrowFetch in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
+    """Put NarrowFetch in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there.
+
+    A trainer that keeps verl's own old-log-prob pass gets `old_log_prob_pass` in its place; one that overrides it
+    (verl's separate_async swaps weights around it) keeps its own, narrowed.
+    """
     from verl.trainer.ppo.v1 import trainer_base
 
     base = trainer_base.get_trainer_cls(trainer_mode)
     if issubclass(base, NarrowFetch):
         return base
-    cls = type(f"NarrowFetch{base.__name__}", (NarrowFetch, base), {"__module__": __name__})
+    own = base._compute_old_log_prob is trainer_base.PPOTrainer._compute_old_log_prob
+    cls = type(f"NarrowFetch{base.__name__}", (NarrowFetch, base),
+               {"__module__": __name__, **({"_compute_old_log_prob": old_log_prob_pass} if own else {})})
     trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
     return cls
 
