@@ -202,6 +202,11 @@ def test_narrow_fetch_takes_the_modes_place_once(registry):
     assert get_trainer_cls("sync") is sync and issubclass(sync, PPOTrainerSync) and sync.__mro__[1] is fetch.NarrowFetch
     assert fetch.use_narrow_fetch("sync") is sync  # a second install does not wrap it twice
     assert get_trainer_cls("colocate_async") is PPOTrainerColocateAsync  # other modes keep verl's class
+    # verl's own old-log-prob pass gives way to ours; a mode that overrides it keeps its override, narrowed
+    assert sync._compute_old_log_prob is fetch.old_log_prob_pass
+    separate = fetch.use_narrow_fetch("separate_async")
+    assert separate._compute_old_log_prob is fetch.NarrowFetch._compute_old_log_prob
+    assert separate.__mro__[2]._compute_old_log_prob is not PPOTrainer._compute_old_log_prob
     with pytest.raises(ValueError, match="Unknown trainer"):
         fetch.use_narrow_fetch("no_such_mode")
 
