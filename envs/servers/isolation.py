@@ -66,6 +66,7 @@ INIT = r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 status = os.fdopen(cfg["status_fd"], "w")
+os.set_inheritable(cfg["status_fd"], False)  # closed by the code's exec, open for an exec failure's report
 libc = ctypes.CDLL(None, use_errno=True)
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC = 1, 2, 4, 8, 32, 4096, 16384
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}[os.uname().machine]
@@ -93,7 +94,9 @@ def place(root, path, is_dir):
         open(root + path, "w").close()
 try:
     # Open every source first: the staging root below covers the host's /tmp (which may hold them).
-    sources = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in cfg["ro_paths"] if os.path.lexists(p)]
+    # What each is (a link, a directory, a file) is read now too, for the same reason.
+    sources = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), os.readlink(p) if os.path.islink(p) else None,
+                os.path.isdir(p)) for p in cfg["ro_paths"] if os.path.exists(p)]
     devices = [(d, os.open("/dev/" + d, os.O_PATH | os.O_CLOEXEC)) for d in cfg["devices"]]
     root = "/tmp"
     mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=4m,mode=755")
@@ -113,18 +116,17 @@ try:
     place(root, "/proc", True)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
     bound = []
-    for path, fd in sorted(sources):  # parents first; a path inside one already bound is visible
+    for path, fd, link, is_dir in sorted(sources):  # parents first; a path inside one already bound is visible
         if any(path == b or path.startswith(b.rstrip("/") + "/") for b in bound):
             continue
-        if os.path.islink(path):  # e.g. /lib -> usr/lib: the link, and its target listed on its own
+        if link is not None:  # e.g. /lib -> usr/lib: the link, and its target listed on its own
             place(root, os.path.dirname(path), True)
-            os.symlink(os.readlink(path), root + path)
-            bound.append(path)
-            continue
-        place(root, path, os.path.isdir(path))
-        bind_ro(fd, root + path)
+            os.symlink(link, root + path)
+        else:
+            place(root, path, is_dir)
+            bind_ro(fd, root + path)
         bound.append(path)
-    for path, fd in sources + devices:
+    for fd in [s[1] for s in sources] + [d[1] for d in devices]:
         os.close(fd)
     for name, text in cfg["etc"].items():
         if not any(("/etc/" + name).startswith(b.rstrip("/") + "/") for b in bound):
@@ -160,7 +162,6 @@ if child == 0:
         header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
         if libc.capset(header, data) != 0:
             fail("capset")
-        status.close()
         os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
     except BaseException as err:
         report("setup %s: %s" % (type(err).__name__, err))
@@ -189,8 +190,17 @@ def system_paths() -> list[str]:
 
 
 def run_user() -> int | None:
-    """The uid (and gid) the code runs as: `nobody` when the server is root, else the server's own."""
-    return NOBODY if os.geteuid() == 0 else None
+    """The uid (and gid) the code switches to: `nobody` when the server is root (and `nobody` exists in
+    its user namespace), else None: the code keeps the server's own, unprivileged, uid."""
+    return NOBODY if os.geteuid() == 0 and _mapped(NOBODY) else None
+
+
+def _mapped(uid: int) -> bool:
+    try:
+        ranges = [tuple(map(int, line.split())) for line in open("/proc/self/uid_map")]
+    except OSError:
+        return False
+    return any(inside <= uid < inside + count for inside, _, count in ranges)
 
 
 def etc_files() -> dict[str, str]:
@@ -201,7 +211,7 @@ def etc_files() -> dict[str, str]:
 
 
 def unshare_prefix() -> list[str]:
-    user = ["--user", "--map-root-user"] if os.geteuid() != 0 else []
+    user = ["--user", "--map-root-user"] if run_user() is None else []
     return ["unshare", *user, *NAMESPACES, "--"]
 
 
