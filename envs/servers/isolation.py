@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 MODES = ("namespaces", "process")
+ENGINES = ("auto", "bwrap", "unshare")  # namespaces mode: bwrap where installed (auto), else this module's
 NOBODY = 65534
 NAMESPACES = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--propagation", "private", "--kill-child"]
 DEVICES = ("null", "zero", "random", "urandom")
@@ -94,9 +96,8 @@ def place(root, path, is_dir):
         open(root + path, "w").close()
 try:
     # Open every source first: the staging root below covers the host's /tmp (which may hold them).
-    # What each is (a link, a directory, a file) is read now too, for the same reason.
-    sources = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), os.readlink(p) if os.path.islink(p) else None,
-                os.path.isdir(p)) for p in cfg["ro_paths"] if os.path.exists(p)]
+    sources = [(p, None if link else os.open(p, os.O_PATH | os.O_CLOEXEC), link, is_dir)
+               for p, link, is_dir in cfg["view"]]
     devices = [(d, os.open("/dev/" + d, os.O_PATH | os.O_CLOEXEC)) for d in cfg["devices"]]
     root = "/tmp"
     mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=4m,mode=755")
@@ -115,19 +116,16 @@ try:
     mount(None, root + "/dev", None, REMOUNT | RDONLY | NOSUID | NOEXEC)
     place(root, "/proc", True)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    bound = []
-    for path, fd, link, is_dir in sorted(sources):  # parents first; a path inside one already bound is visible
-        if any(path == b or path.startswith(b.rstrip("/") + "/") for b in bound):
-            continue
+    for path, fd, link, is_dir in sources:  # parents first (view_plan's order)
         if link is not None:  # e.g. /lib -> usr/lib: the link, and its target listed on its own
             place(root, os.path.dirname(path), True)
             os.symlink(link, root + path)
         else:
             place(root, path, is_dir)
             bind_ro(fd, root + path)
-        bound.append(path)
-    for fd in [s[1] for s in sources] + [d[1] for d in devices]:
+    for fd in [s[1] for s in sources if s[1] is not None] + [d[1] for d in devices]:
         os.close(fd)
+    bound = [s[0] for s in sources]
     for name, text in cfg["etc"].items():
         if not any(("/etc/" + name).startswith(b.rstrip("/") + "/") for b in bound):
             place(root, "/etc", True)
@@ -184,6 +182,24 @@ def interpreter_paths(python: str) -> list[str]:
     return json.loads(proc.stdout)
 
 
+def pick_engine(requested: str = "auto") -> str:
+    """`bwrap` (envs/servers/bwrap.py) when asked or, for `auto`, when installed; else `unshare` (INIT)."""
+    if requested == "auto":
+        return "bwrap" if shutil.which("bwrap") else "unshare"
+    return requested
+
+
+def view_plan(paths: list[str]) -> list[tuple[str, str | None, bool]]:
+    """(path, symlink target or None, is a directory) for each path the run sees, parents first;
+    a path inside another one is already visible through it, and a missing one is left out."""
+    plan: list[tuple[str, str | None, bool]] = []
+    for path in sorted(set(paths)):
+        if not os.path.lexists(path) or any(path.startswith(p.rstrip("/") + "/") for p, _, _ in plan):
+            continue
+        plan.append((path, os.readlink(path) if os.path.islink(path) else None, os.path.isdir(path)))
+    return plan
+
+
 def system_paths() -> list[str]:
     """/usr (the interpreter's shared libraries) and the top-level links or directories into it."""
     return ["/usr", *(p for p in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") if os.path.lexists(p))]
@@ -220,7 +236,7 @@ def namespace_command(python: str, argv: list[str], env: dict[str, str], rlimits
     """The command that runs `argv` (an interpreter and its arguments) in fresh namespaces, seeing
     only `ro_paths` (read-only) of the host's files."""
     settings = {"argv": argv, "env": env, "rlimits": rlimits, "tmp_bytes": tmp_bytes, "shm_bytes": shm_bytes,
-                "status_fd": status_fd, "ro_paths": sorted(set(ro_paths)), "devices": DEVICES,
+                "status_fd": status_fd, "view": view_plan(ro_paths), "devices": DEVICES,
                 "etc": etc_files(), "uid": run_user()}
     return [*unshare_prefix(), python, "-I", "-S", "-B", "-c", INIT, json.dumps(settings)]
 
@@ -239,21 +255,30 @@ def parse_status(text: str) -> tuple[int | None, str | None]:
     return None, None
 
 
-def probe_namespaces(python: str = sys.executable, ro_paths: list[str] | None = None) -> str | None:
-    """None when `namespaces` mode runs `python` here, else why not (one line naming the real cause)."""
+def probe_namespaces(python: str = sys.executable, ro_paths: list[str] | None = None,
+                     engine: str = "auto") -> str | None:
+    """None when `namespaces` mode runs `python` here with `engine`, else why not (one line naming the
+    real cause)."""
+    engine = pick_engine(engine)
     try:
         paths = [*system_paths(), *interpreter_paths(python), *(ro_paths or [])]
     except RuntimeError as err:
         return str(err)
     read, write = os.pipe()
     try:
-        command = namespace_command(python, [python, "-I", "-S", "-c", "pass"], {"PATH": "/usr/bin:/bin"},
-                                    {}, 1 << 20, write, paths)
+        if engine == "bwrap":
+            from envs.servers.bwrap import bwrap_command
+            from envs.servers.runner import RUNNER
+            settings = {"rlimits": {}, "socket_stub": False, "status_fd": write, "uid": run_user()}
+            command = bwrap_command([python, "-I", "-B", "-c", RUNNER, json.dumps(settings)], {}, paths, 1 << 20,
+                                    1 << 20)
+        else:
+            command = namespace_command(python, [python, "-I", "-S", "-c", "pass"], {"PATH": "/usr/bin:/bin"},
+                                        {}, 1 << 20, write, paths)
         try:
-            proc = subprocess.run(command, pass_fds=(write,), stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=30)
+            proc = subprocess.run(command, pass_fds=(write,), input=b"pass", capture_output=True, timeout=30)
         except FileNotFoundError:
-            return "`unshare` (util-linux) is not installed"
+            return f"`{command[0]}` is not installed"
         except subprocess.TimeoutExpired:
             return "a namespace probe did not finish within 30 s"
         os.close(write)
@@ -270,8 +295,10 @@ def probe_namespaces(python: str = sys.executable, ro_paths: list[str] | None = 
     if code != 0:
         detail = proc.stderr.decode(errors="replace").strip().splitlines()
         detail = detail[-1] if detail else f"exit {proc.returncode}"
-        cause = "" if code is not None or "unshare failed" not in detail else (
-            "; user namespaces or the namespaces' creation are forbidden here (e.g. Docker's default seccomp "
-            "profile, or kernel.unprivileged_userns_clone=0)")
-        return f"`{' '.join(unshare_prefix()[:-1])}` failed ({detail}){cause}"
+        forbidden = code is None and any(s in detail for s in ("unshare failed", "No permissions to create",
+                                                                 "Creating new namespace failed", "setting up uid map"))
+        cause = ("; creating namespaces is forbidden here (e.g. Docker's default seccomp profile, or "
+                 "kernel.unprivileged_userns_clone=0)") if forbidden else ""
+        name = "bwrap" if engine == "bwrap" else " ".join(unshare_prefix()[:-1])
+        return f"`{name}` failed ({detail}){cause}"
     return None

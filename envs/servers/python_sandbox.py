@@ -54,44 +54,14 @@ from pydantic import BaseModel
 
 from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
 from envs.servers.cgroups import RunCgroups
-from envs.servers.isolation import (MISSING_IN_PROCESS_MODE, MODES, interpreter_paths, namespace_command,
-                                    parse_status, probe_namespaces, system_paths)
+from envs.servers.bwrap import bwrap_command
+from envs.servers.isolation import (ENGINES, MISSING_IN_PROCESS_MODE, MODES, interpreter_paths, namespace_command,
+                                    parse_status, pick_engine, probe_namespaces, run_user, system_paths)
+from envs.servers.runner import RUNNER
 from envs.servers.stdio import serve
 
 MAX_CODE_CHARS = 200_000
 DRAIN_AFTER_EXIT_S = 2.0  # process mode: an escaped grandchild may hold the pipes open: stop reading then
-
-# Runs inside the child: limits (process mode; in namespaces mode the namespace's init set them), the
-# socket stub (process mode), then the code, read from stdin so the working directory starts empty,
-# with tracebacks that show only the user's frames.
-RUNNER = r"""
-import json, linecache, resource, sys, traceback
-settings = json.loads(sys.argv[1])
-for name, (soft, hard) in settings["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-stub = settings["socket_stub"]
-source = sys.stdin.read()
-if stub:
-    import errno, socket
-    def _refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "network access is disabled in this sandbox")
-    class _LocalOnlySocket(socket.socket):
-        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-            if fileno is None and family in (-1, socket.AF_INET, socket.AF_INET6):
-                _refuse()
-            super().__init__(family, type, proto, fileno)
-    socket.socket = _LocalOnlySocket  # AF_UNIX stays usable: asyncio's event loop needs socketpair
-    socket.create_connection = _refuse
-linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
-sys.argv = ["<code>"]
-try:
-    exec(compile(source, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as exc:
-    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-    sys.exit(1)
-"""
 
 
 class SandboxError(RuntimeError):
@@ -109,6 +79,7 @@ class SandboxConfig:
     max_file_mb: int = 16
     tmp_mb: int = 64
     isolation: str = "namespaces"  # or "process" (see envs/servers/isolation.py)
+    engine: str = "auto"  # namespaces mode: bwrap | unshare | auto (bwrap where installed)
     python: str = sys.executable
     ro_paths: list[str] = field(default_factory=list)  # more host paths the code may read (namespaces)
     # Per-run pids and memory cgroups where the host has them (found by main(); see envs/servers/cgroups.py).
@@ -142,12 +113,20 @@ class SandboxConfig:
                 "RLIMIT_FSIZE": (self.max_file_mb << 20, self.max_file_mb << 20),
                 "RLIMIT_NOFILE": (256, 256), "RLIMIT_CORE": (0, 0)}
 
+    def __post_init__(self) -> None:
+        self.engine = pick_engine(self.engine)
+
     def command(self, env: dict[str, str], status_fd: int) -> list[str]:
         """The command for one run; `status_fd` is where namespaces mode reports the exit status."""
+        shm = min(self.tmp_mb, 16) << 20
+        if self.isolation == "namespaces" and self.engine == "bwrap":  # RUNNER sets the limits and reports
+            settings = {"rlimits": self.rlimits(), "socket_stub": False, "status_fd": status_fd, "uid": run_user()}
+            runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps(settings)]
+            return bwrap_command(runner, env, self.view(), self.tmp_mb << 20, shm)
         if self.isolation == "namespaces":  # limits are set by the namespace's init, before exec
             runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": {}, "socket_stub": False})]
             return namespace_command(self.python, runner, env, self.rlimits(), self.tmp_mb << 20, status_fd,
-                                     self.view(), shm_bytes=min(self.tmp_mb, 16) << 20)
+                                     self.view(), shm_bytes=shm)
         return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": self.rlimits(), "socket_stub": True})]
 
     def describe(self) -> str:
@@ -159,7 +138,7 @@ class SandboxConfig:
                   f"stream, {self.max_processes} processes{'' if self.processes_capped else ' (not enforced: the server runs as root without a pids cgroup)'}, "
                   f"{self.max_file_mb} MB per file. ")
         if self.isolation == "namespaces":
-            return limits + (f"Isolation: namespaces (no network, no files of the host but the interpreter's, "
+            return limits + (f"Isolation: namespaces ({self.engine}; no network, no files of the host but the interpreter's, "
                              f"read-only, a private {self.tmp_mb} MB /tmp as the working directory, no other "
                              "process visible, no GPU). Each call starts fresh; nothing persists between calls.")
         return limits + ("Isolation: process only (weaker; missing: " + "; ".join(MISSING_IN_PROCESS_MODE)
@@ -238,6 +217,9 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
         returncode = proc.returncode
         if strong:
             code_status, setup_error = parse_status(_read_all(status_read))
+            if setup_error is None and code_status is None and not killed_for and cfg.engine == "bwrap" \
+                    and not (group is not None and RunCgroups.oom_killed(group)):
+                setup_error = (err.text().strip().splitlines() or [f"bwrap exited {returncode}"])[-1]
             if setup_error:
                 raise SandboxError(f"could not set up the sandbox: {setup_error}")
             if code_status is not None and not killed_for:
@@ -366,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tmp-mb", type=int, default=64, help="size of a run's private /tmp (namespaces)")
     parser.add_argument("--isolation", choices=MODES, default=env("RL_FACTORY_SANDBOX_ISOLATION", "namespaces"),
                         help="namespaces (default; refuses to start where it cannot be had) | process (weaker)")
+    parser.add_argument("--engine", choices=ENGINES, default=env("RL_FACTORY_SANDBOX_ENGINE", "auto"),
+                        help="namespaces mode's engine: auto (bwrap where installed, else unshare) | bwrap | unshare")
     parser.add_argument("--ro-path", action="append", dest="ro_paths",
                         default=[p for p in env("RL_FACTORY_SANDBOX_RO_PATHS", "").split(":") if p],
                         help="a host path the code may read (namespaces; repeatable)")
@@ -400,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         missing = [p for p in args.ro_paths if not os.path.exists(p)]
         if missing:
             sys.exit(f"python_sandbox: --ro-path {missing[0]}: no such file or directory")
-        reason = probe_namespaces(args.python, _with_targets(args.ro_paths))
+        reason = probe_namespaces(args.python, _with_targets(args.ro_paths), args.engine)
         if reason is not None:
             sys.exit(refusal(reason))
     cgroup = RunCgroups.find()
@@ -410,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = SandboxConfig(cpu_seconds=args.cpu_seconds, memory_mb=args.memory_mb, timeout_s=args.timeout_s,
                         max_output_bytes=args.max_output_bytes, max_parallel=args.max_parallel,
                         max_processes=args.max_processes, max_file_mb=args.max_file_mb, tmp_mb=args.tmp_mb,
-                        isolation=args.isolation, python=args.python, cgroup=cgroup,
+                        isolation=args.isolation, engine=args.engine, python=args.python, cgroup=cgroup,
                         ro_paths=_with_targets(args.ro_paths))
     server = build_server(cfg)
     serve(server, args.transport, args.host, args.port)

@@ -61,7 +61,7 @@ async def run(env, code: str):
 
 async def test_description_names_limits_and_isolation(envs):
     (fast,), (stub,) = envs["fast"].tools, envs["stub"].tools
-    expected = ("Isolation: namespaces (no network, no files of the host but the interpreter's" if NAMESPACES
+    expected = ("no network, no files of the host but the interpreter's" if NAMESPACES
                 else "Isolation: process only")
     assert expected in fast["function"]["description"]
     assert "Isolation: process only (weaker; missing: no pid namespace" in stub["function"]["description"]

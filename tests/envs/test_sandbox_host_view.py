@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 from envs import ToolEnv, ToolEnvError
-from envs.servers.isolation import probe_namespaces
+from envs.servers.isolation import ENGINES, probe_namespaces
 from rl_factory.types import ToolCall
 
 pytestmark = [pytest.mark.anyio,
               pytest.mark.skipif(probe_namespaces() is not None, reason="namespaces mode is not available here")]
 SANDBOX = ["-m", "envs.servers.python_sandbox", "--memory-mb", "256", "--cpu-seconds", "5", "--timeout-s", "20"]
+# Both engines of namespaces mode where this machine has them (bwrap: Debian's bubblewrap, see .ci/run).
+AVAILABLE = [e for e in ENGINES[1:] if probe_namespaces(engine=e) is None]
 MINIMAL_DEV = ["fd", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
 
 
@@ -31,9 +33,14 @@ def server(*args: str, **extra) -> dict:
     return {"command": "python", "args": [*SANDBOX, *args], "timeout_s": 60, "restart": "never", **extra}
 
 
+@pytest.fixture(scope="module", params=AVAILABLE)
+def engine(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-async def env(tmp_path_factory, write_manifest):
-    path = write_manifest(tmp_path_factory.mktemp("view"), {"sandbox": server()})
+async def env(tmp_path_factory, write_manifest, engine):
+    path = write_manifest(tmp_path_factory.mktemp("view"), {"sandbox": server("--engine", engine)})
     async with ToolEnv.from_manifest(path) as tool_env:
         await tool_env.list_tools()
         yield tool_env
@@ -144,8 +151,8 @@ async def test_the_code_runs_as_an_unprivileged_user(env):
     assert text.splitlines()[0] == "0000000000000000"  # and no capability
 
 
-async def test_memory_held_in_memfds_counts_against_the_limit(tmp_path, write_manifest):
-    path = write_manifest(tmp_path, {"sandbox": server("--memory-mb", "64")})
+async def test_memory_held_in_memfds_counts_against_the_limit(tmp_path, write_manifest, engine):
+    path = write_manifest(tmp_path, {"sandbox": server("--memory-mb", "64", "--engine", engine)})
     # 512 MiB in 64 memfds of 8 MiB (each under RLIMIT_FSIZE), none of it in the address space
     code = ("import os\nchunk = b'x' * (1 << 20)\nfds = []\n"
             "for i in range(64):\n    fds.append(os.memfd_create('x'))\n"
@@ -179,12 +186,12 @@ async def test_the_host_files_are_not_visible(env, host_dir, repo_root):
         assert line == "missing 2" or line in ("['.pyenv']", "['.local']", "['.cache']")
 
 
-async def test_an_interpreter_under_tmp_works(tmp_path, write_manifest):
+async def test_an_interpreter_under_tmp_works(tmp_path, write_manifest, engine):
     venv = Path(tempfile.mkdtemp(prefix="rlf-sandbox-venv-", dir="/tmp"))
     venv.chmod(0o755)  # mkdtemp's 0700 would keep out the code's user (nobody, when the server is root)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-        path = write_manifest(tmp_path, {"sandbox": server("--python", str(venv / "bin" / "python"))})
+        path = write_manifest(tmp_path, {"sandbox": server("--python", str(venv / "bin" / "python"), "--engine", engine)})
         async with ToolEnv.from_manifest(path) as tool_env:
             await tool_env.list_tools()
             text = await run(tool_env, "import os, sys\nprint(sys.prefix)\nprint(sorted(os.listdir('/tmp')))")
@@ -193,9 +200,9 @@ async def test_an_interpreter_under_tmp_works(tmp_path, write_manifest):
         shutil.rmtree(venv, ignore_errors=True)
 
 
-async def test_a_failure_names_its_real_cause(tmp_path, write_manifest):
+async def test_a_failure_names_its_real_cause(tmp_path, write_manifest, engine):
     missing = f"/nonexistent-{uuid.uuid4().hex[:6]}/bin/python"
-    path = write_manifest(tmp_path, {"sandbox": server("--python", missing)})
+    path = write_manifest(tmp_path, {"sandbox": server("--python", missing, "--engine", engine)})
     with pytest.raises(ToolEnvError) as info:
         async with ToolEnv.from_manifest(path) as tool_env:
             await tool_env.list_tools()
