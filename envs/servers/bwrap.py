@@ -8,9 +8,10 @@ bound first (so an interpreter under /tmp works), a /dev with only null, zero, r
 a private /dev/shm, its own /proc, /etc/passwd and /etc/group naming the run's user, fresh pid,
 network, IPC, UTS (and cgroup) namespaces, `--die-with-parent` and `--new-session`.
 
-Run by root, bwrap needs no user namespace, and keeps only CAP_SETUID, CAP_SETGID and CAP_SETPCAP for RUNNER
-(envs/servers/runner.py), whose first act is to empty the bounding set and become `nobody`, which clears them; run by another
-user it makes a user namespace and the code keeps that user's uid. RUNNER's parent half reports the
+Run by root, bwrap needs no user namespace, and keeps only CAP_SETUID, CAP_SETGID and CAP_SETPCAP
+for RUNNER (envs/servers/runner.py), whose first act is to empty the bounding set and become
+`nobody`, which clears them; run by another user it makes a user namespace and the code keeps that
+user's uid. RUNNER's parent half reports the
 code's exit status on the status pipe, so the server reads the same "exit N" / "signal S" lines as
 from the fallback; a bwrap that fails to set up never starts RUNNER, and its own message (on the
 run's stderr) is the setup error.

@@ -5,7 +5,7 @@
     unshare [--user --map-root-user] --pid --fork --mount --net --ipc --uts --kill-child -- python INIT
 
 (`--user` only when the server is not root: root needs no user namespace to set the run up, and
-the code must not run as root), so it gets fresh pid, mount, network, IPC and UTS namespaces.
+the code must not run as root), so it gets fresh pid, mount, network, IPC, UTS and cgroup namespaces.
 INIT runs as pid 1 of the new pid namespace and builds the run's whole view of the files:
 
   1. a new root (a small tmpfs) holding only: the interpreter's prefix, the venv and /usr (bound
@@ -46,7 +46,8 @@ import sys
 MODES = ("namespaces", "process")
 ENGINES = ("auto", "bwrap", "unshare")  # namespaces mode: bwrap where installed (auto), else this module's
 NOBODY = 65534
-NAMESPACES = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--propagation", "private", "--kill-child"]
+NAMESPACES = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--cgroup", "--propagation", "private",
+              "--kill-child"]
 DEVICES = ("null", "zero", "random", "urandom")
 MISSING_IN_PROCESS_MODE = (
     "no pid namespace: the code can see the host's processes, signal those of the server's user and "
@@ -222,7 +223,8 @@ def _mapped(uid: int) -> bool:
 def etc_files() -> dict[str, str]:
     uid = run_user() if run_user() is not None else os.geteuid()
     gid = NOBODY if run_user() is not None else os.getegid()
-    return {"passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n",
+    return {"passwd": (f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                       f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n"),
             "group": f"root:x:0:\nsandbox:x:{gid}:\n"}
 
 

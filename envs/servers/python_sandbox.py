@@ -88,7 +88,9 @@ class SandboxConfig:
 
     @property
     def processes_capped(self) -> bool:
-        return os.geteuid() != 0 or self.has_cgroup("pids")
+        # The kernel exempts uid 0 from RLIMIT_NPROC; namespaces mode runs a root server's code as nobody.
+        as_nobody = self.isolation == "namespaces" and run_user() is not None
+        return os.geteuid() != 0 or self.has_cgroup("pids") or as_nobody
 
     @property
     def memory_capped(self) -> bool:
@@ -127,20 +129,22 @@ class SandboxConfig:
             runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": {}, "socket_stub": False})]
             return namespace_command(self.python, runner, env, self.rlimits(), self.tmp_mb << 20, status_fd,
                                      self.view(), shm_bytes=shm)
-        return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": self.rlimits(), "socket_stub": True})]
+        settings = {"rlimits": self.rlimits(), "socket_stub": True}
+        return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps(settings)]
 
     def describe(self) -> str:
         memory = (f"{self.memory_mb} MB memory (all the run holds)" if self.memory_capped else
                   f"{self.memory_mb} MB address space per process (memory held in memfds, shared memory or "
                   "files is not capped: no memory cgroup here)")
+        uncapped = " (not enforced: the code runs as root without a pids cgroup)"
         limits = (f"Limits per call: {self.cpu_seconds} s CPU time, {memory}, "
                   f"{self.timeout_s:g} s wall clock, {self.max_output_bytes} bytes of output per "
-                  f"stream, {self.max_processes} processes{'' if self.processes_capped else ' (not enforced: the server runs as root without a pids cgroup)'}, "
+                  f"stream, {self.max_processes} processes{'' if self.processes_capped else uncapped}, "
                   f"{self.max_file_mb} MB per file. ")
         if self.isolation == "namespaces":
-            return limits + (f"Isolation: namespaces ({self.engine}; no network, no files of the host but the interpreter's, "
-                             f"read-only, a private {self.tmp_mb} MB /tmp as the working directory, no other "
-                             "process visible, no GPU). Each call starts fresh; nothing persists between calls.")
+            return limits + (f"Isolation: namespaces ({self.engine}; no network, no files of the host but "
+                             f"the interpreter's, read-only, a private {self.tmp_mb} MB /tmp as the working "
+                             "directory, no other process visible, no GPU). Each call starts fresh; nothing persists between calls.")
         return limits + ("Isolation: process only (weaker; missing: " + "; ".join(MISSING_IN_PROCESS_MODE)
                          + "). Network sockets are stubbed out. Each call starts in a new empty directory.")
 

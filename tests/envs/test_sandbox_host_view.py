@@ -112,7 +112,8 @@ def kernel_log() -> str:
 async def test_no_device_node_of_the_host_can_be_opened(env):
     marker = f"rlf-sandbox-{uuid.uuid4().hex}"
     code = ("import os, stat\n"
-            "for path, flags in (('/dev/kmsg', os.O_WRONLY), ('/dev/loop-control', os.O_RDWR), ('/dev/vda', os.O_RDONLY)):\n"
+            "for path, flags in (('/dev/kmsg', os.O_WRONLY), ('/dev/loop-control', os.O_RDWR),\n"
+            "                    ('/dev/vda', os.O_RDONLY)):\n"
             "    try:\n        fd = os.open(path, flags)\n"
             f"        if path == '/dev/kmsg':\n            os.write(fd, b'{marker}\\n')\n"
             "        print('opened', path)\n"
@@ -191,7 +192,8 @@ async def test_an_interpreter_under_tmp_works(tmp_path, write_manifest, engine):
     venv.chmod(0o755)  # mkdtemp's 0700 would keep out the code's user (nobody, when the server is root)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-        path = write_manifest(tmp_path, {"sandbox": server("--python", str(venv / "bin" / "python"), "--engine", engine)})
+        python = str(venv / "bin" / "python")
+        path = write_manifest(tmp_path, {"sandbox": server("--python", python, "--engine", engine)})
         async with ToolEnv.from_manifest(path) as tool_env:
             await tool_env.list_tools()
             text = await run(tool_env, "import os, sys\nprint(sys.prefix)\nprint(sorted(os.listdir('/tmp')))")
