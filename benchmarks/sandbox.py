@@ -136,7 +136,8 @@ def main() -> None:
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip() \
         if shutil.which("bwrap") else None
     print(json.dumps({"benchmark": "sandbox", "calls": args.calls, "engines": results,
-                      "cgroups": sorted(cgroup.roots), "cpu_source": cpu_s.source, "bwrap": version, "uid": os.geteuid(),
+                      "cgroups": sorted(cgroup.roots), "cpu_source": cpu_s.source, "bwrap": version,
+                      "uid": os.geteuid(),
                       "python": platform.python_version(), "cpu_count": os.cpu_count(),
                       "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]}))
 
