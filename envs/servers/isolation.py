@@ -304,3 +304,16 @@ def probe_namespaces(python: str = sys.executable, ro_paths: list[str] | None = 
         name = "bwrap" if engine == "bwrap" else " ".join(unshare_prefix()[:-1])
         return f"`{name}` failed ({detail}){cause}"
     return None
+
+
+def with_targets(paths: list[str]) -> list[str]:
+    """Each path, and where its symlinks lead (the view recreates a link; its target must be there too)."""
+    return list(dict.fromkeys(q for p in paths for q in (os.path.abspath(p), os.path.realpath(p))))
+
+
+def refusal(reason: str) -> str:
+    """Why the server will not start in namespaces mode, and what running in process mode would lack."""
+    missing = "".join(f"\n  - {m}" for m in MISSING_IN_PROCESS_MODE)
+    return (f"python_sandbox: --isolation namespaces is not available here: {reason}.\n"
+            f"Without it the code would run with these protections missing:{missing}\n"
+            "To accept that, name the weaker mode in the manifest's args: --isolation process")

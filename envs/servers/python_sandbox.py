@@ -2,7 +2,9 @@
 
 Each call starts a new interpreter (this server's own, so the venv's packages import), isolated as
 `--isolation` says (envs/servers/isolation.py):
-  * `namespaces` (default): fresh pid, mount, network, IPC and UTS namespaces; the code sees only the
+  * `namespaces` (default): fresh pid, mount, network, IPC, UTS and cgroup namespaces, built by
+    bubblewrap where it is installed (envs/servers/bwrap.py), else by the fallback engine
+    (envs/servers/isolation.py; `--engine` picks one); the code sees only the
     interpreter, /usr and the paths the manifest lists (`--ro-path`), read-only, plus a private
     size-capped /tmp (the working directory), a minimal /dev and its own /proc; no network, no host
     socket, no other process visible, no capabilities, not root (`nobody` when the server is root),
@@ -34,7 +36,9 @@ Flags (or env vars, which the manifest must pass through `env`): --cpu-seconds
 per stream), --max-parallel (RL_FACTORY_SANDBOX_MAX_PARALLEL, 4 runs at once; more calls wait),
 --max-processes (64), --max-file-mb (16), --tmp-mb (64, namespaces mode), --isolation
 namespaces|process (RL_FACTORY_SANDBOX_ISOLATION, namespaces), --ro-path PATH (repeatable; or
-RL_FACTORY_SANDBOX_RO_PATHS, paths joined by ":"): more host paths the code may read (namespaces).
+RL_FACTORY_SANDBOX_RO_PATHS, paths joined by ":"): more host paths the code may read (namespaces),
+--engine auto|bwrap|unshare (RL_FACTORY_SANDBOX_ENGINE, auto: bwrap where installed). docs/security.md
+lists what each mode and engine enforces.
 """
 import argparse
 import asyncio
@@ -56,7 +60,8 @@ from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
 from envs.servers.cgroups import RunCgroups
 from envs.servers.bwrap import bwrap_command
 from envs.servers.isolation import (ENGINES, MISSING_IN_PROCESS_MODE, MODES, interpreter_paths, namespace_command,
-                                    parse_status, pick_engine, probe_namespaces, run_user, system_paths)
+                                    parse_status, pick_engine, probe_namespaces, refusal, run_user, system_paths,
+                                    with_targets)
 from envs.servers.runner import RUNNER
 from envs.servers.stdio import serve
 
@@ -369,26 +374,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _with_targets(paths: list[str]) -> list[str]:
-    """Each path, and where its symlinks lead (the view recreates a link; its target must be there too)."""
-    return list(dict.fromkeys(q for p in paths for q in (os.path.abspath(p), os.path.realpath(p))))
-
-
-def refusal(reason: str) -> str:
-    """Why the server will not start in namespaces mode, and what running in process mode would lack."""
-    missing = "".join(f"\n  - {m}" for m in MISSING_IN_PROCESS_MODE)
-    return (f"python_sandbox: --isolation namespaces is not available here: {reason}.\n"
-            f"Without it the code would run with these protections missing:{missing}\n"
-            "To accept that, name the weaker mode in the manifest's args: --isolation process")
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.isolation == "namespaces":
         missing = [p for p in args.ro_paths if not os.path.exists(p)]
         if missing:
             sys.exit(f"python_sandbox: --ro-path {missing[0]}: no such file or directory")
-        reason = probe_namespaces(args.python, _with_targets(args.ro_paths), args.engine)
+        reason = probe_namespaces(args.python, with_targets(args.ro_paths), args.engine)
         if reason is not None:
             sys.exit(refusal(reason))
     cgroup = RunCgroups.find()
@@ -399,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
                         max_output_bytes=args.max_output_bytes, max_parallel=args.max_parallel,
                         max_processes=args.max_processes, max_file_mb=args.max_file_mb, tmp_mb=args.tmp_mb,
                         isolation=args.isolation, engine=args.engine, python=args.python, cgroup=cgroup,
-                        ro_paths=_with_targets(args.ro_paths))
+                        ro_paths=with_targets(args.ro_paths))
     server = build_server(cfg)
     serve(server, args.transport, args.host, args.port)
 
