@@ -24,7 +24,12 @@ import shutil
 import tempfile
 from functools import cache
 
-from envs.servers.isolation import DEVICES, etc_files, run_user, view_plan
+from envs.servers.isolation import DEVICES, NOBODY, etc_files, run_user, view_plan
+
+
+def _etc() -> dict[str, str]:
+    # --unshare-user (a non-root server) keeps the server's uid and gid inside
+    return etc_files(NOBODY, NOBODY) if run_user() is not None else etc_files(os.geteuid(), os.getegid())
 
 
 @cache
@@ -32,7 +37,7 @@ def _etc_dir() -> str:
     # The run's /etc/passwd and /etc/group, written once per server and bound read-only into each run.
     path = tempfile.mkdtemp(prefix="rlf-sandbox-etc-")
     os.chmod(path, 0o755)
-    for name, text in etc_files().items():
+    for name, text in _etc().items():
         with open(os.path.join(path, name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(path, name), 0o644)
@@ -68,7 +73,7 @@ def bwrap_command(argv: list[str], env: dict[str, str], view: list[str], tmp_byt
     for path, link, _ in view_plan(view):
         args += [*parents(path), *(["--symlink", link, path] if link is not None else ["--ro-bind", path, path])]
         bound.append(path)
-    for name in etc_files():
+    for name in _etc():
         if not any(f"/etc/{name}".startswith(b.rstrip("/") + "/") for b in bound):
             args += [*parents(f"/etc/{name}"), "--ro-bind", os.path.join(_etc_dir(), name), f"/etc/{name}"]
     args += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]

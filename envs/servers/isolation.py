@@ -220,12 +220,12 @@ def _mapped(uid: int) -> bool:
     return any(inside <= uid < inside + count for inside, _, count in ranges)
 
 
-def etc_files() -> dict[str, str]:
-    uid = run_user() if run_user() is not None else os.geteuid()
-    gid = NOBODY if run_user() is not None else os.getegid()
-    return {"passwd": (f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                       f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n"),
-            "group": f"root:x:0:\nsandbox:x:{gid}:\n"}
+def etc_files(uid: int, gid: int) -> dict[str, str]:
+    """The run's /etc/passwd and /etc/group: `sandbox` is the code's uid and gid as seen inside."""
+    root = uid != 0 and gid != 0
+    return {"passwd": ("root:x:0:0:root:/root:/usr/sbin/nologin\n" if root else "")
+            + f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/usr/sbin/nologin\n",
+            "group": ("root:x:0:\n" if root else "") + f"sandbox:x:{gid}:\n"}
 
 
 def unshare_prefix() -> list[str]:
@@ -239,7 +239,8 @@ def namespace_command(python: str, argv: list[str], env: dict[str, str], rlimits
     only `ro_paths` (read-only) of the host's files."""
     settings = {"argv": argv, "env": env, "rlimits": rlimits, "tmp_bytes": tmp_bytes, "shm_bytes": shm_bytes,
                 "status_fd": status_fd, "view": view_plan(ro_paths), "devices": DEVICES,
-                "etc": etc_files(), "uid": run_user()}
+                # without root the code is uid 0 of its user namespace (--map-root-user)
+                "etc": etc_files(NOBODY, NOBODY) if run_user() is not None else etc_files(0, 0), "uid": run_user()}
     return [*unshare_prefix(), python, "-I", "-S", "-B", "-c", INIT, json.dumps(settings)]
 
 
