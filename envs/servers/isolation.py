@@ -105,7 +105,7 @@ try:
     place(root, "/tmp", True)
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, "size=%d,mode=1777" % cfg["tmp_bytes"])
     place(root, "/dev", True)
-    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,mode=755")
+    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NODEV | NOEXEC, "size=64k,mode=755")
     os.makedirs(root + "/dev/shm")
     mount("tmpfs", root + "/dev/shm", "tmpfs", NOSUID | NODEV, "size=%d,mode=1777" % cfg["shm_bytes"])
     for name, fd in devices:
@@ -114,7 +114,7 @@ try:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, root + "/dev/" + name)
-    mount(None, root + "/dev", None, REMOUNT | RDONLY | NOSUID | NOEXEC)
+    mount(None, root + "/dev", None, REMOUNT | RDONLY | NOSUID | NODEV | NOEXEC)
     place(root, "/proc", True)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
     for path, fd, link, is_dir in sources:  # parents first (view_plan's order)
