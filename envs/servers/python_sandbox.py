@@ -191,9 +191,10 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
     workdir = None if strong else tempfile.mkdtemp(prefix="rlf-sandbox-")
     status_read, status_write = os.pipe() if strong else (-1, -1)
     env = _child_env("/tmp" if strong else workdir)  # /tmp: the run's own tmpfs
-    start, proc = time.monotonic(), None
-    group = cfg.cgroup.create(cfg.max_processes, cfg.memory_mb << 20) if cfg.cgroup and cfg.cgroup.roots else None
+    start, proc, group = time.monotonic(), None, None
     try:
+        if cfg.cgroup is not None and cfg.cgroup.roots:
+            group = cfg.cgroup.create(cfg.max_processes, cfg.memory_mb << 20)
         proc = await asyncio.create_subprocess_exec(
             *cfg.command(env, status_write), cwd=workdir or "/", env=env, start_new_session=True,
             pass_fds=(status_write,) if strong else (), preexec_fn=RunCgroups.join(group) if group else None,
