@@ -34,6 +34,8 @@ spec="."
 [ ${#extras[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
 "${PIP[@]}" -e "$spec"
 echo "rl_factory installed in .venv ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "/ transformers", transformers.__version__)'))"
+command -v bwrap > /dev/null || echo "note: bubblewrap is not installed: the Python sandbox uses its slower" \
+  "fallback engine (Debian: apt-get install bubblewrap; docs/security.md)"
 # The tests run real third-party servers (mcp-server-time from PyPI, npm's server-memory and server-everything)
 # from every test worker: installed here once, not raced for by parallel workers.
 if [ "$test_servers" = 1 ]; then

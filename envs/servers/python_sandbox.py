@@ -2,17 +2,25 @@
 
 Each call starts a new interpreter (this server's own, so the venv's packages import), isolated as
 `--isolation` says (envs/servers/isolation.py):
-  * `namespaces` (default): fresh user, pid, mount and network namespaces: a read-only view of the
-    host, private size-capped /tmp (the working directory), no network, no other process visible,
-    no capabilities, and every process of the run killed when it ends or hits its deadline;
+  * `namespaces` (default): fresh pid, mount, network, IPC, UTS and cgroup namespaces, built by
+    bubblewrap where it is installed (envs/servers/bwrap.py), else by the fallback engine
+    (envs/servers/isolation.py; `--engine` picks one); the code sees only the
+    interpreter, /usr and the paths the manifest lists (`--ro-path`), read-only, plus a private
+    size-capped /tmp (the working directory), a minimal /dev and its own /proc; no network, no host
+    socket, no other process visible, no capabilities, not root (`nobody` when the server is root),
+    and every process of the run killed when it ends or hits its deadline;
   * `process`: only where namespaces cannot be had, and only when the manifest names it: a fresh
     process with the same limits but none of the isolation (the tool description lists what is
     missing). Asked for `namespaces` where they do not work, the server refuses to start and says
     which protections would be missing.
 In both modes the code gets no inherited environment and these limits:
   * CPU time (RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later), address space
-    (RLIMIT_AS: a huge allocation raises MemoryError), processes (RLIMIT_NPROC: a fork bomb gets
-    EAGAIN), file size (RLIMIT_FSIZE: a bigger write fails with EFBIG), open files (RLIMIT_NOFILE);
+    (RLIMIT_AS: a huge allocation raises MemoryError), processes (a pids cgroup, else RLIMIT_NPROC:
+    a fork bomb gets EAGAIN), file size (RLIMIT_FSIZE: a bigger write fails with EFBIG), open files
+    (RLIMIT_NOFILE);
+  * all the memory the run holds (its processes, memfds, shared memory, /tmp) under a per-run memory
+    cgroup (envs/servers/cgroups.py) where the host has one: past it the run is killed. Where it has
+    none, the server says so at start and in the tool description: then only RLIMIT_AS holds;
   * a wall-clock timeout, after which everything the run started is killed;
   * stdout and stderr captured separately, each cut to its first and last bytes around a
     `[... N bytes truncated ...]` marker; a run printing more than 16 MiB is killed.
@@ -27,62 +35,38 @@ Flags (or env vars, which the manifest must pass through `env`): --cpu-seconds
 (RL_FACTORY_SANDBOX_TIMEOUT_S, 10), --max-output-bytes (RL_FACTORY_SANDBOX_MAX_OUTPUT_BYTES, 4096
 per stream), --max-parallel (RL_FACTORY_SANDBOX_MAX_PARALLEL, 4 runs at once; more calls wait),
 --max-processes (64), --max-file-mb (16), --tmp-mb (64, namespaces mode), --isolation
-namespaces|process (RL_FACTORY_SANDBOX_ISOLATION, namespaces).
+namespaces|process (RL_FACTORY_SANDBOX_ISOLATION, namespaces), --ro-path PATH (repeatable; or
+RL_FACTORY_SANDBOX_RO_PATHS, paths joined by ":"): more host paths the code may read (namespaces),
+--engine auto|bwrap|unshare (RL_FACTORY_SANDBOX_ENGINE, auto: bwrap where installed). docs/security.md
+lists what each mode and engine enforces.
 """
 import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from pydantic import BaseModel
 
 from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
-from envs.servers.isolation import (MISSING_IN_PROCESS_MODE, MODES, PidsCgroup, namespace_command, parse_status,
-                                    probe_namespaces)
+from envs.servers.cgroups import RunCgroups
+from envs.servers.bwrap import bwrap_command
+from envs.servers.isolation import (ENGINES, MISSING_IN_PROCESS_MODE, MODES, interpreter_paths, namespace_command,
+                                    parse_status, pick_engine, probe_namespaces, refusal, run_user, system_paths,
+                                    with_targets)
+from envs.servers.runner import RUNNER
 from envs.servers.stdio import serve
 
 MAX_CODE_CHARS = 200_000
 DRAIN_AFTER_EXIT_S = 2.0  # process mode: an escaped grandchild may hold the pipes open: stop reading then
-
-# Runs inside the child: limits (process mode; in namespaces mode the namespace's init set them), the
-# socket stub (process mode), then the code, read from stdin so the working directory starts empty,
-# with tracebacks that show only the user's frames.
-RUNNER = r"""
-import json, linecache, resource, sys, traceback
-settings = json.loads(sys.argv[1])
-for name, (soft, hard) in settings["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-stub = settings["socket_stub"]
-source = sys.stdin.read()
-if stub:
-    import errno, socket
-    def _refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "network access is disabled in this sandbox")
-    class _LocalOnlySocket(socket.socket):
-        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-            if fileno is None and family in (-1, socket.AF_INET, socket.AF_INET6):
-                _refuse()
-            super().__init__(family, type, proto, fileno)
-    socket.socket = _LocalOnlySocket  # AF_UNIX stays usable: asyncio's event loop needs socketpair
-    socket.create_connection = _refuse
-linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
-sys.argv = ["<code>"]
-try:
-    exec(compile(source, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as exc:
-    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-    sys.exit(1)
-"""
 
 
 class SandboxError(RuntimeError):
@@ -100,43 +84,78 @@ class SandboxConfig:
     max_file_mb: int = 16
     tmp_mb: int = 64
     isolation: str = "namespaces"  # or "process" (see envs/servers/isolation.py)
+    engine: str = "auto"  # namespaces mode: bwrap | unshare | auto (bwrap where installed)
     python: str = sys.executable
-    # Root only: per-run pids cgroups, since the kernel exempts uid 0 from RLIMIT_NPROC (found by main()).
-    cgroup: PidsCgroup | None = None
+    ro_paths: list[str] = field(default_factory=list)  # more host paths the code may read (namespaces)
+    # Per-run pids and memory cgroups where the host has them (found by main(); see envs/servers/cgroups.py).
+    cgroup: RunCgroups | None = None
+    _view: list[str] | None = None
 
     @property
     def processes_capped(self) -> bool:
-        return os.geteuid() != 0 or self.cgroup is not None
+        # The kernel exempts uid 0 from RLIMIT_NPROC; namespaces mode runs a root server's code as nobody.
+        as_nobody = self.isolation == "namespaces" and run_user() is not None
+        return os.geteuid() != 0 or self.has_cgroup("pids") or as_nobody
+
+    @property
+    def memory_capped(self) -> bool:
+        return self.has_cgroup("memory")
+
+    def has_cgroup(self, controller: str) -> bool:
+        return self.cgroup is not None and self.cgroup.has(controller)
+
+    def view(self) -> list[str]:
+        """The host paths a run sees (read-only): /usr, the interpreter's prefixes, `ro_paths`."""
+        if self._view is None:
+            self._view = [*system_paths(), *interpreter_paths(self.python), *self.ro_paths]
+        return self._view
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
+        # With a pids cgroup, that is the cap: RLIMIT_NPROC counts every process of the uid (all runs'
+        # `nobody`), so one run's fork bomb would starve the others.
+        nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1] if self.has_cgroup("pids") else self.max_processes
         return {"RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
                 "RLIMIT_AS": (self.memory_mb << 20, self.memory_mb << 20),
-                "RLIMIT_NPROC": (self.max_processes, self.max_processes),
+                "RLIMIT_NPROC": (nproc, nproc),
                 "RLIMIT_FSIZE": (self.max_file_mb << 20, self.max_file_mb << 20),
                 "RLIMIT_NOFILE": (256, 256), "RLIMIT_CORE": (0, 0)}
 
+    def __post_init__(self) -> None:
+        self.engine = pick_engine(self.engine)
+
     def command(self, env: dict[str, str], status_fd: int) -> list[str]:
         """The command for one run; `status_fd` is where namespaces mode reports the exit status."""
+        shm = min(self.tmp_mb, 16) << 20
+        if self.isolation == "namespaces" and self.engine == "bwrap":  # RUNNER sets the limits and reports
+            settings = {"rlimits": self.rlimits(), "socket_stub": False, "status_fd": status_fd, "uid": run_user()}
+            runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps(settings)]
+            return bwrap_command(runner, env, self.view(), self.tmp_mb << 20, shm)
         if self.isolation == "namespaces":  # limits are set by the namespace's init, before exec
             runner = [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": {}, "socket_stub": False})]
-            return namespace_command(self.python, runner, env, self.rlimits(), self.tmp_mb << 20, status_fd)
-        return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps({"rlimits": self.rlimits(), "socket_stub": True})]
+            return namespace_command(self.python, runner, env, self.rlimits(), self.tmp_mb << 20, status_fd,
+                                     self.view(), shm_bytes=shm)
+        settings = {"rlimits": self.rlimits(), "socket_stub": True}
+        return [self.python, "-I", "-B", "-u", "-c", RUNNER, json.dumps(settings)]
 
     def describe(self) -> str:
-        limits = (f"Limits per call: {self.cpu_seconds} s CPU time, {self.memory_mb} MB memory, "
+        memory = (f"{self.memory_mb} MB memory (all the run holds)" if self.memory_capped else
+                  f"{self.memory_mb} MB address space per process (memory held in memfds, shared memory or "
+                  "files is not capped: no memory cgroup here)")
+        uncapped = " (not enforced: the code runs as root without a pids cgroup)"
+        limits = (f"Limits per call: {self.cpu_seconds} s CPU time, {memory}, "
                   f"{self.timeout_s:g} s wall clock, {self.max_output_bytes} bytes of output per "
-                  f"stream, {self.max_processes} processes{'' if self.processes_capped else ' (not enforced: the server runs as root without a pids cgroup)'}, "
+                  f"stream, {self.max_processes} processes{'' if self.processes_capped else uncapped}, "
                   f"{self.max_file_mb} MB per file. ")
         if self.isolation == "namespaces":
-            return limits + (f"Isolation: namespaces (no network, a read-only view of the files, a private "
-                             f"{self.tmp_mb} MB /tmp as the working directory, no other process visible). "
-                             "Each call starts fresh; nothing persists between calls.")
+            return limits + (f"Isolation: namespaces ({self.engine}; no network, no files of the host but "
+                             f"the interpreter's, read-only, a private {self.tmp_mb} MB /tmp as the working "
+                             "directory, no other process visible, no GPU). Each call starts fresh; nothing persists between calls.")
         return limits + ("Isolation: process only (weaker; missing: " + "; ".join(MISSING_IN_PROCESS_MODE)
                          + "). Network sockets are stubbed out. Each call starts in a new empty directory.")
 
 
 class RunResult(BaseModel):
-    status: str  # ok | error | cpu_limit | timeout | output_limit | signal
+    status: str  # ok | error | cpu_limit | memory_limit | timeout | output_limit | signal
     exit_code: int  # the process's return code; negative: killed by that signal
     stdout: str
     stderr: str
@@ -150,7 +169,9 @@ def _child_env(workdir: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
             "PYTHONDONTWRITEBYTECODE": "1",
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+            "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+            # No GPU device is in the sandbox's /dev; these keep CUDA libraries from looking for one.
+            "CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void", "HIP_VISIBLE_DEVICES": ""}
 
 
 def _kill_group(pgid: int) -> None:
@@ -170,12 +191,13 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
     workdir = None if strong else tempfile.mkdtemp(prefix="rlf-sandbox-")
     status_read, status_write = os.pipe() if strong else (-1, -1)
     env = _child_env("/tmp" if strong else workdir)  # /tmp: the run's own tmpfs
-    start, proc = time.monotonic(), None
-    group = cfg.cgroup.create(cfg.max_processes) if cfg.cgroup is not None else None
+    start, proc, group = time.monotonic(), None, None
     try:
+        if cfg.cgroup is not None and cfg.cgroup.roots:
+            group = cfg.cgroup.create(cfg.max_processes, cfg.memory_mb << 20)
         proc = await asyncio.create_subprocess_exec(
             *cfg.command(env, status_write), cwd=workdir or "/", env=env, start_new_session=True,
-            pass_fds=(status_write,) if strong else (), preexec_fn=PidsCgroup.join(group) if group else None,
+            pass_fds=(status_write,) if strong else (), preexec_fn=RunCgroups.join(group) if group else None,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if strong:
             os.close(status_write)
@@ -205,10 +227,15 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
         returncode = proc.returncode
         if strong:
             code_status, setup_error = parse_status(_read_all(status_read))
+            if setup_error is None and code_status is None and not killed_for and cfg.engine == "bwrap" \
+                    and not (group is not None and RunCgroups.oom_killed(group)):
+                setup_error = (err.text().strip().splitlines() or [f"bwrap exited {returncode}"])[-1]
             if setup_error:
                 raise SandboxError(f"could not set up the sandbox: {setup_error}")
             if code_status is not None and not killed_for:
                 returncode = code_status
+        if group is not None and RunCgroups.oom_killed(group):
+            killed_for.append("memory_limit")
     finally:
         if proc is not None and proc.returncode is None:
             _kill_group(proc.pid)  # we were cancelled (e.g. the client gave up): no orphan run
@@ -218,7 +245,7 @@ async def run_code(code: str, cfg: SandboxConfig) -> RunResult:
         if workdir is not None:
             _remove(workdir)
         if group is not None:
-            await asyncio.shield(asyncio.to_thread(PidsCgroup.remove, group))
+            await asyncio.shield(asyncio.to_thread(RunCgroups.remove, group))
     return RunResult(status=_status(returncode, killed_for), exit_code=returncode,
                      stdout=out.text(), stderr=err.text(), stdout_truncated=out.truncated,
                      stderr_truncated=err.truncated, duration_s=round(time.monotonic() - start, 3))
@@ -276,6 +303,7 @@ def format_result(result: RunResult, cfg: SandboxConfig) -> str:
         "ok": f"[exit code {code}]",
         "error": f"[exit code {code}]",
         "cpu_limit": f"[killed: CPU time limit of {cfg.cpu_seconds} s exceeded]",
+        "memory_limit": f"[killed: memory limit of {cfg.memory_mb} MB exceeded]",
         "timeout": f"[killed: wall-clock timeout of {cfg.timeout_s:g} s]",
         "output_limit": f"[killed: more than {MAX_DRAIN_BYTES >> 20} MiB of output]",
     }.get(result.status) or f"[killed by signal {_signal_name(-code)}]"
@@ -330,6 +358,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tmp-mb", type=int, default=64, help="size of a run's private /tmp (namespaces)")
     parser.add_argument("--isolation", choices=MODES, default=env("RL_FACTORY_SANDBOX_ISOLATION", "namespaces"),
                         help="namespaces (default; refuses to start where it cannot be had) | process (weaker)")
+    parser.add_argument("--engine", choices=ENGINES, default=env("RL_FACTORY_SANDBOX_ENGINE", "auto"),
+                        help="namespaces mode's engine: auto (bwrap where installed, else unshare) | bwrap | unshare")
+    parser.add_argument("--ro-path", action="append", dest="ro_paths",
+                        default=[p for p in env("RL_FACTORY_SANDBOX_RO_PATHS", "").split(":") if p],
+                        help="a host path the code may read (namespaces; repeatable)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
     parser.add_argument("--transport", choices=["stdio", "streamable-http", "sse"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
@@ -342,24 +375,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def refusal(reason: str) -> str:
-    """Why the server will not start in namespaces mode, and what running in process mode would lack."""
-    missing = "".join(f"\n  - {m}" for m in MISSING_IN_PROCESS_MODE)
-    return (f"python_sandbox: --isolation namespaces is not available here: {reason}.\n"
-            f"Without it the code would run with these protections missing:{missing}\n"
-            "To accept that, name the weaker mode in the manifest's args: --isolation process")
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.isolation == "namespaces":
-        reason = probe_namespaces(args.python)
+        missing = [p for p in args.ro_paths if not os.path.exists(p)]
+        if missing:
+            sys.exit(f"python_sandbox: --ro-path {missing[0]}: no such file or directory")
+        reason = probe_namespaces(args.python, with_targets(args.ro_paths), args.engine)
         if reason is not None:
             sys.exit(refusal(reason))
+    cgroup = RunCgroups.find()
+    if not cgroup.has("memory"):
+        print(f"python_sandbox: no memory cgroup can be created here: --memory-mb {args.memory_mb} caps each "
+              "process's address space only, not memory held in memfds, shared memory or files", file=sys.stderr)
     cfg = SandboxConfig(cpu_seconds=args.cpu_seconds, memory_mb=args.memory_mb, timeout_s=args.timeout_s,
                         max_output_bytes=args.max_output_bytes, max_parallel=args.max_parallel,
                         max_processes=args.max_processes, max_file_mb=args.max_file_mb, tmp_mb=args.tmp_mb,
-                        isolation=args.isolation, python=args.python, cgroup=PidsCgroup.find())
+                        isolation=args.isolation, engine=args.engine, python=args.python, cgroup=cgroup,
+                        ro_paths=with_targets(args.ro_paths))
     server = build_server(cfg)
     serve(server, args.transport, args.host, args.port)
 

@@ -15,7 +15,8 @@ from mcp import Client
 from envs import ToolEnv
 from envs.servers.capture import Capture
 from envs.servers.isolation import probe_namespaces
-from envs.servers.python_sandbox import SandboxConfig, build_server, run_code
+from envs.servers.cgroups import RunCgroups
+from envs.servers.python_sandbox import SandboxConfig, build_server, format_result, run_code
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -61,10 +62,12 @@ async def run(env, code: str):
 
 async def test_description_names_limits_and_isolation(envs):
     (fast,), (stub,) = envs["fast"].tools, envs["stub"].tools
-    expected = "Isolation: namespaces (no network, a read-only view" if NAMESPACES else "Isolation: process only"
+    expected = ("no network, no files of the host but the interpreter's" if NAMESPACES
+                else "Isolation: process only")
     assert expected in fast["function"]["description"]
     assert "Isolation: process only (weaker; missing: no pid namespace" in stub["function"]["description"]
-    assert ("1 s CPU time, 256 MB memory, 30 s wall clock, 1000 bytes of output per stream, 64 processes, "
+    assert "1 s CPU time, 256 MB " in fast["function"]["description"]
+    assert ("30 s wall clock, 1000 bytes of output per stream, 64 processes, "
             "16 MB per file") in fast["function"]["description"]
     assert fast["function"]["parameters"]["required"] == ["code"]
 
@@ -188,3 +191,27 @@ def test_capture_keeps_head_and_tail():
     assert (capture.text(), capture.truncated) == ("0123456789", False)
     capture.add(b"abc")
     assert capture.text() == "01234\n[... 3 bytes truncated ...]\n89abc"
+
+
+MEMFD_HOG = ("import os\nchunk = b'x' * (1 << 20)\nfds = []\n"
+             "for i in range(32):\n    fds.append(os.memfd_create('x'))\n"
+             "    for _ in range(8):\n        os.write(fds[-1], chunk)\n"
+             "print('held', 8 * len(fds), 'MiB')\n")
+
+
+async def test_process_mode_caps_memory_outside_the_address_space_too():
+    cgroup = RunCgroups.find()
+    if not cgroup.has("memory"):
+        pytest.skip("no memory cgroup can be created here")
+    cfg = SandboxConfig(isolation="process", memory_mb=64, cgroup=cgroup)
+    result = await run_code(MEMFD_HOG, cfg)  # 256 MiB in memfds, none of it in the address space
+    assert (result.status, result.stdout) == ("memory_limit", "")
+    assert format_result(result, cfg) == "[no output]\n[killed: memory limit of 64 MB exceeded]"
+
+
+def test_without_a_memory_cgroup_the_description_says_what_is_not_capped():
+    cfg = SandboxConfig(memory_mb=256, cgroup=RunCgroups({}), isolation="process")
+    assert ("256 MB address space per process (memory held in memfds, shared memory or files is not capped: "
+            "no memory cgroup here)") in cfg.describe()
+    assert "256 MB memory (all the run holds)" in SandboxConfig(memory_mb=256, cgroup=RunCgroups.find()).describe() \
+        or not RunCgroups.find().has("memory")

@@ -19,20 +19,32 @@ from pathlib import Path
 import pytest
 
 from envs import ToolEnv, ToolEnvError
-from envs.servers.isolation import probe_namespaces
+from envs.servers.isolation import ENGINES, probe_namespaces
 from rl_factory.types import ToolCall
 
 pytestmark = pytest.mark.anyio
 NAMESPACES_WORK = probe_namespaces() is None
 needs_namespaces = pytest.mark.skipif(not NAMESPACES_WORK, reason="user namespaces are not available here "
                                       "(the server refuses to start: see the last test)")
+# Both engines of namespaces mode where this machine has them (bwrap: Debian's bubblewrap, see .ci/run).
+AVAILABLE = [e for e in ENGINES[1:] if probe_namespaces(engine=e) is None] or ["unshare"]
 SANDBOX = ["-m", "envs.servers.python_sandbox", "--memory-mb", "256", "--cpu-seconds", "5", "--timeout-s", "20"]
 
 
 @pytest.fixture(scope="module")
-async def env(tmp_path_factory, write_manifest):
+def listed(repo_root):
+    """A host directory the manifest lists with --ro-path (outside /tmp: the sandbox's /tmp is its own)."""
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-listed-", dir=repo_root))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=AVAILABLE)
+async def env(tmp_path_factory, write_manifest, listed, request):
     path = write_manifest(tmp_path_factory.mktemp("escape"), {
-        "sandbox": {"command": "python", "args": SANDBOX, "timeout_s": 60, "env": {"RLF_SERVER_SECRET": SERVER_SECRET}}})
+        "sandbox": {"command": "python", "args": [*SANDBOX, "--ro-path", str(listed), "--engine", request.param],
+                    "timeout_s": 60,
+                    "env": {"RLF_SERVER_SECRET": SERVER_SECRET}}})
     async with ToolEnv.from_manifest(path) as tool_env:
         await tool_env.list_tools()
         yield tool_env
@@ -80,9 +92,10 @@ def host_dir(repo_root):
 
 
 @needs_namespaces
-async def test_the_host_is_read_only(env, host_dir):
-    tmp_path = host_dir
-    target = tmp_path / "reward.py"  # stands for the reward file and the project tree
+@pytest.mark.parametrize("where", ["listed", "unlisted"])
+async def test_the_host_is_read_only(env, host_dir, listed, where):
+    tmp_path = listed if where == "listed" else host_dir
+    target = tmp_path / f"reward_{uuid.uuid4().hex[:6]}.py"  # stands for the reward file and the project tree
     target.write_text("def reward(**_): return 0.0\n")
     os.chmod(tmp_path, 0o777)
     os.chmod(target, 0o666)
@@ -94,7 +107,8 @@ async def test_the_host_is_read_only(env, host_dir):
             "    except OSError as err:\n        print('refused', err.errno)\n")
     text = await run(env, code)
     assert target.read_text() == "def reward(**_): return 0.0\n" and not (tmp_path / "planted.py").exists()
-    assert text.splitlines()[:3] == ["refused 30"] * 3  # EROFS
+    # a path the manifest lists is there, read-only (EROFS); any other is not there at all (ENOENT)
+    assert text.splitlines()[:3] == ["refused 30" if where == "listed" else "refused 2"] * 3
     # ... while its own /tmp is writable, private and gone afterwards
     assert await run(env, "open('/tmp/x', 'w').write('ok')\nprint(open('/tmp/x').read())") == "ok\n[exit code 0]"
     assert await run(env, "import os\nprint(os.listdir('/tmp'))") == "[]\n[exit code 0]"
@@ -158,7 +172,9 @@ async def test_no_inherited_environment_and_no_other_process_visible(env):
             "print('leaks', leaks)\nprint(os.getppid(), sorted(filter(str.isdigit, os.listdir('/proc')), key=int)[:3])")
     lines = (await run(env, code)).splitlines()
     assert lines[0] == "[]" and lines[1] == "leaks 0"
-    assert lines[2] == "1 ['1', '2']"  # its parent is the namespace's init; nothing else exists
+    # its parent is the namespace's init (unshare engine) or, under bwrap, RUNNER's waiting half below
+    # bwrap's init; nothing else exists
+    assert lines[2] in ("1 ['1', '2']", "2 ['1', '2', '3']")
 
 
 @needs_namespaces
