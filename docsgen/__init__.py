@@ -1,0 +1,3 @@
+"""Pages of the docs site generated at build time from the code and data they describe (mkdocs-gen-files runs
+docsgen/gen_pages.py), so that they cannot drift from it: the config reference, the backend capability table
+and the benchmark results."""
