@@ -124,7 +124,7 @@ def browser():
 
 @pytest.mark.parametrize("page_path", ["", "guides/tools/", "guides/rewards/", "reference/config/"])
 def test_a_page_renders_offline_without_console_errors(served, browser, page_path):
-    page = browser.new_page()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     outside: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -140,10 +140,11 @@ def test_a_page_renders_offline_without_console_errors(served, browser, page_pat
 
 
 def test_search_finds_a_config_key(served, browser):
-    page = browser.new_page()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})  # wide: the search box is in the header
     page.goto(served, wait_until="networkidle")
-    page.locator("label.md-search__icon, .md-header__button[for='__search']").first.click()
-    page.fill("input.md-search__input", "micro_batch_tokens")
+    page.locator("input.md-search__input").click()
+    page.keyboard.type("micro_batch_tokens", delay=10)  # the search listens to key events
     page.wait_for_selector(".md-search-result__item", timeout=15000)
-    assert "reference/config/" in page.locator(".md-search-result__item a").first.get_attribute("href")
+    hrefs = [a.get_attribute("href") for a in page.locator(".md-search-result__item a").all()]
+    assert any("reference/config/" in h for h in hrefs), hrefs
     page.close()
