@@ -36,14 +36,23 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
     "compare_loops": [("model", "model"), ("ours step s", "rl_factory.step_s"), ("verl's step s", "verl_tool_agent.step_s"),
                       ("ours / verl's", "step_ratio"), ("target", "target"), ("met", "met"),
                       ("tokens per step ratio", "tokens_per_step_ratio")],
-    "worker_fetch": [("prompts x n", "prompts,n"), ("our loop: fields / fetch ms / split ms, verl's way",
-                     "rl_factory.all.fields,rl_factory.all.fetch_ms,rl_factory.all.split_ms"),
-                     ("our loop, needed", "rl_factory.needed.fields,rl_factory.needed.fetch_ms,rl_factory.needed.split_ms"),
-                     ("verl's loop, verl's way", "verl_tool_agent.all.fields,verl_tool_agent.all.fetch_ms,verl_tool_agent.all.split_ms"),
-                     ("verl's loop, needed", "verl_tool_agent.needed.fields,verl_tool_agent.needed.fetch_ms,verl_tool_agent.needed.split_ms")],
-    "old_log_prob_call": [("prompts x n", "prompts,n"), ("worker fetch / split ms", "worker_fetch_ms,worker_split_ms"),
-                          ("worker put ms", "worker_put_ms"), ("trainer get / put ms", "trainer_get_ms,trainer_put_ms"),
-                          ("whole call ms", "call_ms")],
+    "worker_fetch": [("prompts x n", "prompts,n"),
+                     ("our loop, every field: fields / fetch ms / split ms",
+                      "rl_factory.all.num_fields,rl_factory.all.fetch_ms_median,rl_factory.all.split_ms_median"),
+                     ("our loop, the fields read", "rl_factory.needed.num_fields,rl_factory.needed.fetch_ms_median,"
+                      "rl_factory.needed.split_ms_median"),
+                     ("verl's loop, every field", "verl_tool_agent.all.num_fields,verl_tool_agent.all.fetch_ms_median,"
+                      "verl_tool_agent.all.split_ms_median"),
+                     ("verl's loop, the fields read", "verl_tool_agent.needed.num_fields,"
+                      "verl_tool_agent.needed.fetch_ms_median,verl_tool_agent.needed.split_ms_median")],
+    "old_log_prob_call": [("prompts x n", "prompts,n"),
+                          ("call ms: every field / UNREAD / needed", "all.call_ms,common_unread.call_ms,needed.call_ms"),
+                          ("trainer put ms", "all.trainer_put_ms,common_unread.trainer_put_ms,needed.trainer_put_ms"),
+                          ("worker fetch ms", "all.worker_fetch_ms,common_unread.worker_fetch_ms,needed.worker_fetch_ms")],
+    "verl_loop_overhead": [("prompts x n", "prompts,n"), ("ours step s", "rl_factory.median_s"),
+                           ("verl's step s", "verl_tool_agent.median_s"), ("ours / verl's", "ours_vs_verl"),
+                           ("CPU s per step ours / verl's", "rl_factory.cpu_s_per_step,verl_tool_agent.cpu_s_per_step"),
+                           ("CPU ratio", "ours_vs_verl_cpu")],
     "fused_logprob": [("tokens x hidden x vocab", "tokens,hidden,vocab"),
                       ("torch fwd / fwd+bwd s", "torch.forward_s,torch.forward_backward_s"),
                       ("triton fwd / fwd+bwd s", "triton.forward_s,triton.forward_backward_s"),
@@ -105,7 +114,7 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
     if isinstance(value, int):
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+        return f"{value:,}"
     if isinstance(value, list):
         return " / ".join(fmt(v) for v in value)
     if isinstance(value, dict):
@@ -161,8 +170,9 @@ def table(name: str, records: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         command = str(r.get("command", "")).replace("|", "\\|")
         date = str(r.get("date", ""))[:16].replace("T", " ")
-        commit = str(r.get("commit", ""))[:12]
-        source = f" ({r['source']})" if r.get("source") else ""
+        commit = str(r.get("commit", ""))
+        # a record moved over from a hand-written table: "<file> at <commit>"
+        source = f" (from {str(r['source']).rsplit(' at ', 1)[0]})" if r.get("source") else ""
         values = [f"`{command}`", *(cell(r, p) for _, p in cols), machine_text(r.get("machine", {})),
                   load_text(r), f"`{commit}`{source}", date]
         out.append("| " + " | ".join(values) + " |")

@@ -72,6 +72,6 @@ def test_each_stored_record_says_where_and_when_it_was_measured(name, number, li
     assert record["command"].startswith((".venv/bin/python benchmarks/", "bash benchmarks/")), record["command"]
     assert record["machine"].get("cpu") and record["machine"].get("cores")
     assert len(record["date"]) >= 10 and record["date"][:4].isdigit()
-    if str(record.get("source", "")).startswith("README at "):  # moved from a hand-written table
-        commit = record["source"].split()[-1]
+    if record.get("source"):  # moved from a hand-written table: "<file> at <commit>", a commit of this repository
+        commit = record["source"].rsplit(" at ", 1)[1]
         assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO).returncode == 0, commit
