@@ -150,3 +150,8 @@ def test_search_finds_a_config_key(served, browser):
     hrefs = [a.get_attribute("href") for a in page.locator(".md-search-result__item a").all()]
     assert any("reference/config/" in h for h in hrefs), hrefs
     page.close()
+
+
+def test_generated_pages_are_not_written_by_hand():
+    """docs/<page> on disk would be silently replaced at build time, and its edits lost."""
+    assert [p for p in GENERATED_PAGES if (REPO / "docs" / p).exists()] == []
