@@ -87,9 +87,11 @@ def commit() -> str:
 def command_line(argv: list[str] | None = None) -> str:
     """The invocation as a shell line: the interpreter and the script relative to the repository root."""
     argv = list(sys.argv if argv is None else argv)
+
     def relative(part: str) -> str:
         path = Path(part).absolute()
         return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else part
+
     parts = [relative(sys.executable), *([relative(argv[0])] if argv else []), *argv[1:]]
     if parts[0].startswith(".venv/"):
         parts[0] = ".venv/bin/python"
