@@ -12,6 +12,7 @@ import io
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -157,3 +158,18 @@ def test_the_cheap_commands_run_as_written(command):
     # `envs call` exits 1 when the tool itself answers with an error, which a page may show on purpose
     tool_error = done.returncode == 1 and "Error executing tool" in done.stdout and not done.stderr.strip()
     assert done.returncode == 0 or tool_error, f"{command.where}\n{done.stderr[-2000:]}"
+
+
+ENTRY_POINTS = ["envs list", "envs call", "rl_factory.report", "rl_factory.rescore"]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_option_of_an_entry_point_is_in_the_cli_reference(module):
+    """The CLI reference cannot fall behind the code: each option `--help` lists is on the page."""
+    done = subprocess.run([sys.executable, "-m", *module.split(), "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout)) - {"--help"}
+    page = (REPO / "docs" / "reference" / "cli.md").read_text()
+    assert module.split()[0] in page
+    assert sorted(o for o in options if o not in page) == []
