@@ -155,3 +155,16 @@ def test_search_finds_a_config_key(served, browser):
 def test_generated_pages_are_not_written_by_hand():
     """docs/<page> on disk would be silently replaced at build time, and its edits lost."""
     assert [p for p in GENERATED_PAGES if (REPO / "docs" / p).exists()] == []
+
+
+def test_the_readmes_links_into_the_docs_land_on_an_anchor_that_exists(site):
+    """README links such as docs/guides/evaluation.md#run-report: the page's built HTML has that id."""
+    missing = []
+    for number, target in links((REPO / "README.md").read_text()):
+        if not target.startswith("docs/") or "#" not in target:
+            continue
+        page, anchor = target.removeprefix("docs/").split("#", 1)
+        built = site / page.removesuffix(".md").removesuffix("index") / "index.html"
+        if f'id="{anchor}"' not in built.read_text():
+            missing.append(f"README.md:{number}: {target}")
+    assert missing == []
