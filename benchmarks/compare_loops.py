@@ -13,6 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
+
 TARGET = 1.05
 
 
@@ -43,7 +47,7 @@ def compare(ours: dict, theirs: dict) -> dict:
 
 def main() -> None:
     ours, theirs = (json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in sys.argv[1:3])
-    print(json.dumps(compare(ours, theirs)))
+    emit("compare_loops", compare(ours, theirs))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 DATA = ROOT / "examples" / "calculator" / "data"
 CONFIGS = ("baseline", "dynamic")
 
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(runs)
     config = {k: v for k, v in vars(args).items() if k not in ("out_dir", "table", "jobs", "configs")}
     loadavg = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    print(json.dumps({"config": config, "loadavg_1m": loadavg, "runs": runs, "summary": summary}))
+    emit("dynamic_sampling", {"config": config, "loadavg_1m": loadavg, "runs": runs, "summary": summary})
     if args.table:
         print(table(summary), file=sys.stderr)
 

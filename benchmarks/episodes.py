@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import socket
@@ -44,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks.rollout import ANSWER, SERVER, TOOL_CALL, draw_latencies, load_model  # noqa: E402
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--model-path", default=None, help="the tokenizer's directory (default: the embedded model)")
     args = parser.parse_args()
     args.engine = "scripted"
-    print(json.dumps(asyncio.run(run(args))))
+    emit("episodes", asyncio.run(run(args)))
 
 
 def latency_entry(**knobs: Any) -> dict:

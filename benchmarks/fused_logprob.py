@@ -15,11 +15,15 @@ seconds (median of 5 after a warm-up) per kernel and pass, and the largest log-p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                             "at": f"{where.filename.split('site-packages/')[-1]}:{where.lineno}: {where.line}"}
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(json.dumps(result))
+    emit("fused_logprob", result)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
 SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B)
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
             "update_vs_forward_backward": ratio(result["phases"]["update"]["tokens_per_s"],
                                                 train.get("forward_backward", {}).get("tokens_per_s")),
         }
-    print(json.dumps(result))
+    emit("gpu_step", result)
 
 
 def old_log_probs_mode(cfg: dict) -> str:

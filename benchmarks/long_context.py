@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 from benchmarks.gpu_step import _select, build_shape, parse_args, run_verl, step_numbers  # noqa: E402
 
 TOOL_FILE = Path(__file__).with_name("long_context_tool.py")
@@ -143,7 +144,7 @@ def main() -> None:
     import yaml
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    print(json.dumps({
+    emit("long_context", {
         "bench": "long_context", "shape": args.shape, "steps_done": len(lines), "warm_start_s": round(warm_s, 1),
         "trajectories": len(rollouts), "mean_turns": statistics.fmean(r["num_turns"] for r in rollouts),
         "min_turns": min(r["num_turns"] for r in rollouts),
@@ -157,7 +158,7 @@ def main() -> None:
         "tuned": {k: _select(cfg, k) for k in ("actor_rollout_ref.model.enable_gradient_checkpointing",
                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
                                               "actor_rollout_ref.rollout.gpu_memory_utilization")},
-    }))
+    })
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ below), over the repeats.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -30,6 +29,7 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 
 @contextmanager
@@ -141,8 +141,8 @@ def main() -> None:
     args.repeats, calls = 1, args.repeats  # one rollout step (after the warm-up) to time the calls on
     step = verl_loop_overhead.each_loop("old_log_prob_call", args, ["rl_factory"],
                                         lambda keys, cfg: time_calls(cfg, keys, calls))["rl_factory"]
-    print(json.dumps({"bench": "old_log_prob_call", "prompts": args.prompts, "n": args.n, "repeats": calls,
-                      "trajectories": step["trajectories"], "cpu_count": os.cpu_count(), **step["then"]}))
+    emit("old_log_prob_call", {"bench": "old_log_prob_call", "prompts": args.prompts, "n": args.n, "repeats": calls,
+                      "trajectories": step["trajectories"], "cpu_count": os.cpu_count(), **step["then"]})
 
 
 if __name__ == "__main__":

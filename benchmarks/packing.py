@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import os
 import random
 import statistics
@@ -30,6 +29,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 635}
@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     # the gradient the optimizer stepped with (left on the parameters), packed vs plain, relative to its largest entry
     grad_diff = max(float((a - b).abs().max()) for a, b in zip(grads[True], grads[False]))
     grad_scale = max(float(b.abs().max()) for b in grads[False])
-    print(json.dumps({
+    emit("packing", {
         "benchmark": "packing", "model": policy.path, "device": str(policy.device),
         "threads": torch.get_num_threads() if policy.device.type == "cpu" else None,
         "batch": {"groups": args.groups, "n": args.n, "prompt": args.prompt, "response": args.response,
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
         "grad_max_abs": grad_scale, "grad_max_diff": grad_diff,
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if policy.device.type == "cuda" else None,
         "loadavg_1m": os.getloadavg()[0], "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }))
+    })
 
 
 if __name__ == "__main__":

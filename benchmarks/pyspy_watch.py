@@ -22,6 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
+
 ROLES = ("WorkerDict", "TaskRunner", "vLLMHttpServer", "EngineCore", "AgentLoopWorker")
 
 
@@ -87,7 +91,7 @@ def main() -> None:
         _, err = proc.communicate(timeout=args.seconds + 60)
         path = out / f"{role}-{found[role]}.txt"
         result["profiles"][role] = top_frames(path) if path.exists() else {"error": err[-500:]}
-    print(json.dumps(result))
+    emit("pyspy", result)
 
 
 if __name__ == "__main__":

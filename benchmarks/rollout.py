@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import math
 import os
 import platform
@@ -50,6 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest
 
 from envs import ToolEnv, get_parser  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode; medians are printed")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args))))
+    emit("rollout", asyncio.run(run(args)))
 
 
 def draw_latencies(args: argparse.Namespace) -> list[list[float]]:

@@ -22,6 +22,10 @@ import math
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
+
 PHASES = ("generate", "old_log_prob", "update", "step")  # with tokens: an efficiency
 TIMED_ONLY = ("update_weights", "reward")                  # seconds only
 
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.results}: no such file")
     results = summarize(read_lines(args.results), args.target)
     for r in results:
-        print(json.dumps(r))
+        emit("scaling", r)
     if results:
         print(table(results), file=sys.stderr)
     else:

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import collections
 import gc
-import json
 import os
 import random
 import socket
@@ -40,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from envs import ToolEnv, get_parser  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="a model directory (default: the embedded model, "
                                                           "built and cached on first use)")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(soak(args))))
+    emit("soak", asyncio.run(soak(args)))
 
 
 async def soak(args: argparse.Namespace) -> dict:

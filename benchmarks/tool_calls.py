@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import os
 import platform
 import socket
@@ -34,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 from envs import ToolEnv, ToolLimits  # noqa: E402
 from rl_factory.types import ToolCall, ToolResult  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--sdk-stdio-server", action="store_true",
                         help="serve stdio with the SDK's threaded transport, not envs.servers.stdio")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args))))
+    emit("tool_calls", asyncio.run(run(args)))
 
 
 async def run(args: argparse.Namespace) -> dict:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 from benchmarks.gpu_step import _select  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                                       str(_select(cfg, "rl_factory.algorithm.arena.topology", "round_robin")))
         checks.append(result["arena"]["ok"])
     result["ok"] = finished and all(checks)
-    print(json.dumps(result))
+    emit("two_gpu_checks", result)
     return 0 if result["ok"] else 1
 
 

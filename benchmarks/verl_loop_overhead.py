@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
 ANSWER = "The answer is 10063."
@@ -227,7 +228,7 @@ def main() -> None:
         out["ours_vs_verl"] = out["rl_factory"]["median_s"] / out["verl_tool_agent"]["median_s"]
         # what the loops cost the machine, whatever the wall clock's noise: CPU seconds of every process per step
         out["ours_vs_verl_cpu"] = out["rl_factory"]["cpu_s_per_step"] / out["verl_tool_agent"]["cpu_s_per_step"]
-    print(json.dumps(out))
+    emit("verl_loop_overhead", out)
 
 
 if __name__ == "__main__":

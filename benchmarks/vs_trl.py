@@ -59,6 +59,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
 TRAIN_FILE = ROOT / "examples" / "calculator" / "data" / "train.jsonl"
 # The job, as configs/grpo.yaml sets it for ours; TRL gets the same numbers below.
@@ -92,7 +93,7 @@ def main() -> None:
         return
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="vs_trl-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(json.dumps(run(args, out)))
+    emit("vs_trl", run(args, out))
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:

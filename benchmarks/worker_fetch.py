@@ -15,7 +15,6 @@ split, for every field and for ours.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 
 def time_calls(keys: list[str], repeats: int) -> dict:
@@ -80,7 +80,7 @@ def main() -> None:
     out = {"bench": "worker_fetch", "prompts": args.prompts, "n": args.n, "repeats": calls, "cpu_count": os.cpu_count()}
     for loop, step in steps.items():
         out[loop] = {"trajectories": step["trajectories"], **step["then"]}
-    print(json.dumps(out))
+    emit("worker_fetch", out)
 
 
 if __name__ == "__main__":

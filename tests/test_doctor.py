@@ -172,7 +172,7 @@ def test_doctor_flag_prints_the_table_and_sets_the_exit_code(script, tiny_model_
 
 
 def test_fresh_machine_doctor_passes_with_the_builtin_model_not_built_yet(tmp_path):
-    """README's `bash main_grpo.sh --doctor` on a machine that never built the model: only its tokenizer is
+    """The docs' `bash main_grpo.sh --doctor` on a machine that never built the model: only its tokenizer is
     built (in about a second), which must decode as the saved one will."""
     cache = tmp_path / "cache"
     env = {**script_env(), "RL_FACTORY_CACHE": str(cache)}

@@ -1,4 +1,4 @@
-"""A checkpoint in verl's FSDP format converts to Hugging Face format with the one command the README
+"""A checkpoint in verl's FSDP format converts to Hugging Face format with the one command docs/guides/verl.md
 gives (verl's model merger, through rl_factory.backends.verl.model_merger), and main_eval.sh and the
 embedded backend load the result."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_verl_checkpoint_converts_and_evaluates(tmp_path, tiny_model_dir):
     plain = subprocess.run([sys.executable, "-m", "verl.model_merger", *merge_args], capture_output=True, text=True,
                            timeout=300)
     assert plain.returncode != 0 and "rl_factory_varlen" in plain.stderr
-    # ... the README's command, verbatim apart from the paths, does, and leaves a plain HF config
+    # ... the docs' command (docs/guides/verl.md), verbatim apart from the paths, does, and leaves a plain HF config
     merge = subprocess.run([sys.executable, "-m", "rl_factory.backends.verl.model_merger", *merge_args],
                            capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert merge.returncode == 0, merge.stderr[-2000:]

@@ -9,7 +9,8 @@ import pytest
 from rl_factory.tracking import Tracker, TrackingError
 from tests.e2e.test_main_scripts import REPO, run_script, script_env, tiny_overrides
 
-README = (REPO / "README.md").read_text()
+# The README and every docs page: the commands a new user copies.
+README = "\n".join(path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
 
 
 def _errors(result) -> list[str]:
@@ -17,8 +18,8 @@ def _errors(result) -> list[str]:
 
 
 def test_readme_runs_project_modules_through_the_venv():
-    """Without an active venv, bare `python ...` is the system Python (no torch, no rl_factory): every README
-    command names the venv, whether it runs a module or a script, with or without VAR=value before it."""
+    """Without an active venv, bare `python ...` is the system Python (no torch, no rl_factory): every README and
+    docs command names the venv, whether it runs a module or a script, with or without VAR=value before it."""
     blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines()]
     bare = [line for line in lines if re.match(r"^(\w+=\S*\s+)*python3?(\s|$)", line)]

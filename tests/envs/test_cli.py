@@ -44,8 +44,8 @@ def test_bad_manifest_and_unreachable_server(cli, tmp_path, write_manifest):
         assert len(out.stderr.splitlines()) == 1 and expected in out.stderr and "Traceback" not in out.stderr
 
 
-def test_readme_tools_example_works_as_written(cli, tmp_path, repo_root):
-    section = (repo_root / "README.md").read_text().split("\n## Tools\n", 1)[1]
+def test_docs_tools_example_works_as_written(cli, tmp_path, repo_root):
+    section = (repo_root / "docs" / "guides" / "tools.md").read_text().split("\n## Per-server knobs\n", 1)[1]
     (tmp_path / "tools.yaml").write_text(section.split("```yaml\n", 1)[1].split("```", 1)[0])
     out = cli("list", tmp_path / "tools.yaml")
     assert out.returncode == 0, out.stderr

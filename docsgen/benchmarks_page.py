@@ -1,0 +1,193 @@
+"""The benchmarks page, generated from the records in benchmarks/results/*.jsonl (benchmarks/record.py).
+
+One table per benchmark: for each command (and machine), its newest record; each row says its command,
+machine, commit and date. Older records stay in the files and in git; the page shows the current numbers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# The columns each benchmark's table shows: (header, dotted path into the record). A benchmark without an
+# entry shows its top-level numbers.
+COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "tool_calls": [("in flight", "in_flight"), ("transport", "transport"), ("throughput vs ideal", "throughput_vs_ideal"),
+                   ("calls/s", "calls_per_s"), ("p50 / p99 overhead ms", "overhead_p50_ms,overhead_p99_ms"),
+                   ("net p50 ms", "net_overhead_p50_ms"), ("burst wall s (ideal: latency)", "burst_wall_s_median"),
+                   ("sequential p50 ms", "sequential_overhead_p50_ms"), ("failed", "failed_calls")],
+    "rollout": [("engine", "engine"), ("lockstep s", "lockstep_s"), ("async s", "async_s"), ("ideal s", "ideal_s"),
+                ("speedup vs lockstep", "speedup_vs_lockstep"), ("ratio to ideal", "ratio_to_ideal")],
+    "vs_trl": [("seed", "job.seed"), ("steps", "steps"), ("ours s/step", "ours.s_per_step"),
+               ("ours spread", "ours.spread"), ("TRL s/step", "trl.s_per_step"), ("TRL spread", "trl.spread"),
+               ("ours / TRL", "ours_vs_trl_step_time"), ("val accuracy ours / TRL", "ours.val_accuracy,trl.val_accuracy"),
+               ("work spread (repeats)", "ours_repeats.work_spread")],
+    "packing": [("device", "device"), ("batch", "batch.groups,batch.n"), ("forward tokens plain / packed",
+                "forward_tokens.plain,forward_tokens.packed"), ("update plain / packed s", "plain_s,packed_s"),
+                ("speedup", "speedup"), ("gradient apart", "grad_max_diff")],
+    "soak": [("trajectories x turns", "trajectories,turns"), ("lost", "lost_trajectories"), ("tool calls", "tool_calls"),
+             ("tool errors", "tool_errors"), ("reward errors", "reward_errors"), ("wall s", "wall_s"),
+             ("fds growth", "fds_growth"), ("processes growth", "processes_growth"), ("RSS MiB", "rss_mib")],
+    "gpu_step": [("model", "model"), ("old log-probs", "phases.old_log_prob.mode"), ("step s", "step_s"),
+                 ("generation s", "phases.generate.s"), ("old log-probs s", "phases.old_log_prob.s"),
+                 ("update s", "phases.update.s"), ("weight sync s", "phases.weight_sync.s"),
+                 ("old log-probs vs forward", "ratio_to_ceiling.old_log_prob_vs_forward"),
+                 ("update vs forward+backward", "ratio_to_ceiling.update_vs_forward_backward")],
+    "compare_loops": [("model", "model"), ("ours step s", "rl_factory.step_s"), ("verl's step s", "verl_tool_agent.step_s"),
+                      ("ours / verl's", "step_ratio"), ("target", "target"), ("met", "met"),
+                      ("tokens per step ratio", "tokens_per_step_ratio")],
+    "worker_fetch": [("prompts x n", "prompts,n"),
+                     ("our loop, every field: fields / fetch ms / split ms",
+                      "rl_factory.all.num_fields,rl_factory.all.fetch_ms_median,rl_factory.all.split_ms_median"),
+                     ("our loop, the fields read", "rl_factory.needed.num_fields,rl_factory.needed.fetch_ms_median,"
+                      "rl_factory.needed.split_ms_median"),
+                     ("verl's loop, every field", "verl_tool_agent.all.num_fields,verl_tool_agent.all.fetch_ms_median,"
+                      "verl_tool_agent.all.split_ms_median"),
+                     ("verl's loop, the fields read", "verl_tool_agent.needed.num_fields,"
+                      "verl_tool_agent.needed.fetch_ms_median,verl_tool_agent.needed.split_ms_median")],
+    "old_log_prob_call": [("prompts x n", "prompts,n"),
+                          ("call ms: every field / UNREAD / needed", "all.call_ms,common_unread.call_ms,needed.call_ms"),
+                          ("trainer put ms", "all.trainer_put_ms,common_unread.trainer_put_ms,needed.trainer_put_ms"),
+                          ("worker fetch ms", "all.worker_fetch_ms,common_unread.worker_fetch_ms,needed.worker_fetch_ms")],
+    "verl_loop_overhead": [("prompts x n", "prompts,n"), ("ours step s", "rl_factory.median_s"),
+                           ("verl's step s", "verl_tool_agent.median_s"), ("ours / verl's", "ours_vs_verl"),
+                           ("CPU s per step ours / verl's", "rl_factory.cpu_s_per_step,verl_tool_agent.cpu_s_per_step"),
+                           ("CPU ratio", "ours_vs_verl_cpu")],
+    "fused_logprob": [("tokens x hidden x vocab", "tokens,hidden,vocab"),
+                      ("torch fwd / fwd+bwd s", "torch.forward_s,torch.forward_backward_s"),
+                      ("triton fwd / fwd+bwd s", "triton.forward_s,triton.forward_backward_s"),
+                      ("plain fwd / fwd+bwd s", "plain.forward_s,plain.forward_backward_s")],
+}
+
+INTRO = """# Benchmarks
+
+Generated from the records in `benchmarks/results/` when the site is built. Every script in `benchmarks/`
+prints one JSON line and appends it, with the machine, the commit, the date and the command, to
+`benchmarks/results/<benchmark>.jsonl` (`benchmarks/record.py`). Each table shows, for every command and
+machine, the newest record; older records stay in the files and in git. `load` is the 1-minute load average
+when the record was written (the machines are shared: compare rows of one load). Records moved over from
+earlier hand-written tables name their source. What each field means: the script's docstring and
+`benchmarks/README.md`.
+"""
+
+
+def load(directory: Path) -> dict[str, list[dict[str, Any]]]:
+    """benchmark name -> its records in file order; a line that is not JSON is an error naming file and line."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        records = []
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
+        out[path.stem] = records
+    return out
+
+
+def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest record of each (command, machine), in the order those first appear."""
+    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r.get("command", ""), machine_text(r.get("machine", {})))
+        if key not in newest or str(r.get("date", "")) >= str(newest[key].get("date", "")):
+            newest[key] = r
+    return list(newest.values())
+
+
+def get(record: dict[str, Any], path: str) -> Any:
+    node: Any = record
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list):
+        return " / ".join(fmt(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def cell(record: dict[str, Any], paths: str) -> str:
+    values = [get(record, p) for p in paths.split(",")]
+    if all(v is None for v in values):
+        return ""
+    return " / ".join(fmt(v) for v in values).replace("|", "\\|")
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    if not m:
+        return ""
+    if isinstance(m, str):
+        return m
+    parts = [str(m.get("cpu", "")) + (" (AVX-512)" if m.get("avx512") else ""), f"{m.get('cores', '?')} cores"]
+    if m.get("gpu"):
+        parts.insert(0, f"{m.get('gpus', 1)}x {m['gpu']}")
+    return ", ".join(p for p in parts if p)
+
+
+def load_text(record: dict[str, Any]) -> str:
+    value = get(record, "machine.loadavg_1m")
+    if value is None:
+        value = record.get("loadavg_1m")
+    return fmt(value)
+
+
+def columns(name: str, records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    if name in COLUMNS:
+        return COLUMNS[name]
+    skip = {"date", "commit", "command", "machine", "benchmark", "bench", "source", "loadavg_1m", "cpu_count", "cpus"}
+    keys: list[str] = []
+    for r in records:
+        for k, v in r.items():
+            if k not in skip and k not in keys and isinstance(v, (int, float)) and not isinstance(v, bool):
+                keys.append(k)
+    return [(k, k) for k in keys[:8]]
+
+
+def table(name: str, records: list[dict[str, Any]]) -> list[str]:
+    rows = current(records)
+    cols = columns(name, rows)
+    out = [f"## {name}", ""]
+    script = Path("benchmarks") / f"{name}.py"
+    out += [f"Script: `{script}`. {len(records)} record(s) in `benchmarks/results/{name}.jsonl`.", ""]
+    head = ["command", *(h for h, _ in cols), "machine", "load", "commit", "date"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        command = str(r.get("command", "")).replace("|", "\\|")
+        date = str(r.get("date", ""))[:16].replace("T", " ")
+        commit = str(r.get("commit", ""))
+        # a record moved over from a hand-written table: "<file> at <commit>"
+        source = f" (from {str(r['source']).rsplit(' at ', 1)[0]})" if r.get("source") else ""
+        values = [f"`{command}`", *(cell(r, p) for _, p in cols), machine_text(r.get("machine", {})),
+                  load_text(r), f"`{commit}`{source}", date]
+        out.append("| " + " | ".join(values) + " |")
+    notes = [r for r in rows if r.get("note")]
+    if notes:
+        out.append("")
+        out += [f"- `{r.get('command', '')}`: {r['note']}" for r in notes]
+    return out + [""]
+
+
+def render(root: Path) -> str:
+    records = load(root / "benchmarks" / "results")
+    out = [INTRO]
+    if not records:
+        out.append("No records yet: run a script in `benchmarks/`.")
+    for name in sorted(records):
+        out += table(name, records[name])
+    return "\n".join(out).rstrip() + "\n"
