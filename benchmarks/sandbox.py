@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import emit  # noqa: E402
 from envs.servers.cgroups import RunCgroups  # noqa: E402
 from envs.servers.isolation import probe_namespaces  # noqa: E402
 from envs.servers.python_sandbox import SandboxConfig, run_code  # noqa: E402
@@ -135,11 +136,10 @@ def main() -> None:
     results = {name: summary(values) for name, values in times.items()}
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip() \
         if shutil.which("bwrap") else None
-    print(json.dumps({"benchmark": "sandbox", "calls": args.calls, "engines": results,
-                      "cgroups": sorted(cgroup.roots), "cpu_source": cpu_s.source, "bwrap": version,
-                      "uid": os.geteuid(),
-                      "python": platform.python_version(), "cpu_count": os.cpu_count(),
-                      "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]}))
+    emit("sandbox", {"calls": args.calls, "engines": results,
+                     "cgroups": sorted(cgroup.roots), "cpu_source": cpu_s.source, "bwrap": version,
+                     "uid": os.geteuid(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+                     "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)]})
 
 
 if __name__ == "__main__":
