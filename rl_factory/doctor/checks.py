@@ -15,6 +15,7 @@ from rl_factory.doctor import template
 
 CHECKS: list[tuple[str, Any, tuple[str, ...]]] = []
 PROMPT_ROWS = 256  # rows whose prompts are rendered to find the longest
+ANSWER_ARGS = ("answer", "ground_truth")  # reward arguments that hold the row's answer (ours, verl's)
 
 
 class CheckFailed(Exception):
@@ -121,16 +122,16 @@ async def data(doc) -> str:
     for key, rows in loaded.items():
         for component in doc.state["reward"].components:
             fn = component.fn
-            needed = [a for a in fn.required if a not in REWARD_ARGS or a == "answer"]
+            needed = [a for a in fn.required if a not in REWARD_ARGS or a in ANSWER_ARGS]
             for i, row in enumerate(rows):
-                absent = [a for a in needed if row.get(a) is None]
+                absent = [a for a in needed if row.get("answer" if a in ANSWER_ARGS else a) is None]
                 if absent:
-                    column = d.answer_key if absent[0] == "answer" else absent[0]
+                    column = d.answer_key if absent[0] in ANSWER_ARGS else absent[0]
                     raise CheckFailed(
                         f"{key} row {i} has no {column!r} column, which reward {fn.name} needs (as `{absent[0]}`); "
                         f"row columns: {sorted(k for k in row if k != 'messages')[:8]}",
                         "set data.answer_key to the answer column (a dotted path such as reward_model.ground_truth "
-                        "reads a nested one)" if absent[0] == "answer" else
+                        "reads a nested one)" if absent[0] in ANSWER_ARGS else
                         f"add {column!r} to every row, or give the reward a default for it")
     doc.state["rows"] = next(iter(loaded.values())) if doc.mode == "eval" else loaded["data.val_files"]
     doc.state["all_rows"] = [r for rows in loaded.values() for r in rows]
