@@ -100,7 +100,10 @@ async def reward_loads(doc) -> str:
     except Exception as exc:
         raise CheckFailed(one_line(exc), "check reward.function / reward.functions: file.py:fn or package.module:fn")
     doc.state["reward"] = reward
-    return f"{reward.name}: arguments {sorted({a for c in reward.components for a in c.fn.arg_names})}"
+    verl = [f"{c.fn.name} has verl's signature (solution_str = the {c.fn.verl.solution_str})"
+            for c in reward.components if c.fn.verl is not None]
+    return (f"{reward.name}: arguments {sorted({a for c in reward.components for a in c.fn.arg_names})}"
+            + "".join(f"; {v}" for v in verl))
 
 
 @check("data", needs=("data", "reward"))
