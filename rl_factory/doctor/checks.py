@@ -144,7 +144,7 @@ async def data(doc) -> str:
 
 
 def _answer_source(loaded: dict[str, Any], answer_key: str) -> str:
-    """Which column became the rewards' `answer`, in words ("answer from 'reward_model.ground_truth' (verl's layout)")."""
+    """Which column became the rewards' `answer`, in words: answer from 'reward_model.ground_truth' (verl's layout)."""
     from rl_factory.data import VERL_ANSWER_PATH
 
     paths = Counter()
