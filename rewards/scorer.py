@@ -37,8 +37,23 @@ from rl_factory.types import EPISODE_FAILED
 # reward_info keys that count failures (logged as reward/none_count, reward/errors, ...), not a reward's extras
 COUNTERS = ("reward_none", "reward_error", "errors", "episode_error")
 
-if TYPE_CHECKING:
-    from rl_factory.types import Trajectory
+
+def reward_info_metrics(infos: list[dict[str, Any] | None]) -> dict[str, float]:
+    """`reward/<key>/mean` for every number in the trajectories' `reward_info`, over those that have it: the
+    numbers a reward returned beside its score (verl's `{"score": s, "acc": 1.0}` gives `reward/acc/mean`),
+    and each named component's score and extras (`reward/<name>/mean`, `reward/<name>/<key>/mean`). Both
+    backends log them from their rollouts (rl_factory.evaluate.summarize_records). A `reward_info` in the form
+    verl's reward workers return (`score_result`: `score`, `reward/<key>`, ...) counts its `reward/*` keys."""
+    values: dict[str, list[float]] = {}
+    for info in infos:
+        info = info or {}
+        if any(k.startswith("reward/") for k in info):
+            info = {k.removeprefix("reward/"): v for k, v in info.items() if k.startswith("reward/")}
+        for key, value in info.items():
+            if key.rpartition("/")[2] in COUNTERS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            values.setdefault(key, []).append(float(value))
+    return {f"reward/{key}/mean": statistics.fmean(v) for key, v in values.items()}
 
 
 class Scorer:
@@ -201,8 +216,7 @@ class Scorer:
         Returns:
             `reward/none_count` (calls that returned None), `reward/errors` (calls that failed and
             scored 0 under `on_error: zero`), `reward/<name>/mean` per named component,
-            `reward/tool_calls` when the reward called tools, `reward/<key>/mean` for each number a reward
-            returned beside its score (`<name>/<key>` for a named component), and with process rewards
+            `reward/tool_calls` when the reward called tools, and with process rewards
             `reward/process/mean` and `reward/process/errors`.
 
         Raises:
@@ -225,8 +239,6 @@ class Scorer:
         if self.named and trajs:
             for c in self.components:
                 metrics[f"reward/{c.name}/mean"] = statistics.fmean(float(i.get(c.name, 0.0)) for i in infos)
-        for key, values in self._extras(infos).items():
-            metrics[f"reward/{key}/mean"] = statistics.fmean(values)
         if self.process is not None and trajs:
             metrics["reward/process/mean"] = statistics.fmean(sum(t.process_rewards) for t in trajs)
             metrics["reward/process/errors"] = float(sum(i.get("process/errors", 0) for i in infos))
@@ -234,19 +246,6 @@ class Scorer:
             metrics["reward/tool_calls"] = float(self.tools.num_calls)
             self.tools.num_calls = 0
         return metrics
-
-    def _extras(self, infos: list[dict[str, Any]]) -> dict[str, list[float]]:
-        """The numbers a reward returned beside its score (`{"score": s, "acc": 1.0}`, verl's dict), by key
-        (`acc`, or `<name>/acc` for a named component), over the trajectories that have them."""
-        own = {c.name for c in self.components} if self.named else set()
-        extras: dict[str, list[float]] = {}
-        for info in infos:
-            for key, value in info.items():
-                if key in own or key.rpartition("/")[2] in COUNTERS or isinstance(value, bool) \
-                        or not isinstance(value, (int, float)):
-                    continue
-                extras.setdefault(key, []).append(float(value))
-        return extras
 
     def close(self) -> None:
         """Stop worker processes, if any."""

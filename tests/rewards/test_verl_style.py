@@ -7,7 +7,8 @@ import pytest
 
 from rewards.combine import RewardConfig
 from rewards.loader import RewardLoadError, load_reward
-from rewards.scorer import build_scorer, score_trajectories
+from rewards.scorer import build_scorer, reward_info_metrics, score_trajectories
+from rl_factory.evaluate import summarize
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 from tests.compat_fixtures import DATA_SOURCE, VERL_REWARD, verl_rows
 
@@ -27,13 +28,14 @@ def test_a_verl_signature_gets_verls_arguments_by_name(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("VERL_REWARD_LOG", str(log))
     trajs = [traj("The answer is 405."), traj("It is 400.")]
-    metrics = asyncio.run(score_trajectories(load_reward(f"{VERL_REWARD}:compute_score"), trajs))
+    asyncio.run(score_trajectories(load_reward(f"{VERL_REWARD}:compute_score"), trajs))
     [first, second] = [json.loads(line) for line in log.read_text().splitlines()]
     assert first == {"data_source": DATA_SOURCE, "solution_str": "The answer is 405.", "ground_truth": "405",
                      "extra_info": {"split": "train", "index": 0, "question": "15 * 27"}, "kwargs": []}
     assert second["solution_str"] == "It is 400."
     assert [t.reward for t in trajs] == [1.0, 0.0]
     assert trajs[0].reward_info == {"acc": 1.0, "pred": "405"}  # verl's dict: the keys beside "score"
+    metrics = summarize(trajs)  # what both backends log for a step, from its rollouts
     assert metrics["reward/acc/mean"] == 0.5 and "reward/pred/mean" not in metrics  # numbers only
 
 
@@ -91,5 +93,7 @@ def test_verls_reward_worker_scores_it_the_same(tmp_path, monkeypatch):
     result = asyncio.run(compute_score(DATA_SOURCE, "ignored: the record is scored", "405",
                                        {RECORD_KEY: to_record(traj("405, surely"))}, rl_factory=settings))
     assert result["score"] == embedded[0].reward == 1.0 and result["reward/acc"] == 1.0
+    # verl's reward_extra_info form is logged under the same names as the embedded reward_info
+    assert reward_info_metrics([result]) == reward_info_metrics([embedded[0].reward_info]) == {"reward/acc/mean": 1.0}
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls[0] == calls[1]  # the user's function saw the same arguments on both backends
