@@ -4,6 +4,9 @@
       - my_tools.py:word_count                    # a file: relative to the manifest, else the cwd
       - {function: my_pkg.tools:search, timeout_s: 5, cache: {ttl_s: 600}}
 
+An entry may also name a tool class of qwen-agent's or Agent-R1's shape (envs.tool_classes), which runs
+through the same call path below.
+
 The input schema comes from the type hints through the MCP SDK's own `func_metadata`, so a
 function gets the same `input_schema` it would get served by an `MCPServer`; the Google-style
 docstring adds the description (its text before `Args:`) and each parameter's description.
