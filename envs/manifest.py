@@ -308,8 +308,8 @@ def _read(path: Path) -> Any:
                             f"{' '.join(str(err).split())}") from None
     if data is None:
         return {}
-    if isinstance(data, list):  # RL-Factory's list of entries
-        return from_entries(data, str(path))
+    if isinstance(data, list) or path.suffix == ".pydata":  # RL-Factory's list of entries (or one of them)
+        return from_entries(data if isinstance(data, list) else [data], str(path))
     if is_webui_spec(data):
         raise ManifestError(f"{path}: this is RL-Factory's WebUI tool spec (prompts and tools as inline pythonCode), "
                             "not a manifest; serve the tools from an MCP server or list them under functions "

@@ -86,3 +86,10 @@ def test_name_entries_are_qwen_agent_tools_and_the_webui_spec_is_refused(tmp_pat
     webui.write_text(json.dumps({"name": "calc", "systemPrompt": "...", "externalTools": [{"pythonCode": "..."}]}))
     with pytest.raises(ManifestError, match="RL-Factory's WebUI tool spec .* not a manifest"):
         load_manifest(webui)
+
+
+def test_a_pydata_file_holding_one_entry_reads_as_a_list_of_one(tmp_path):
+    path = tmp_path / "tools.pydata"
+    path.write_text(repr({"mcpServers": {"web": {"url": "http://127.0.0.1:9/sse"}}}))
+    web = load_manifest(path).servers["web"]
+    assert web.transport == "sse" and web.tool_prefix("web") == "web-"
