@@ -61,8 +61,8 @@ def registered_tool(name: str) -> type:
         import qwen_agent.tools  # noqa: F401 - registers the built-in tools
         from qwen_agent.tools.base import TOOL_REGISTRY
     except ImportError as exc:
-        raise ManifestError(f"'{QWEN_AGENT_TARGET}:{name}' needs qwen-agent: pip install -e '.[qwen-agent]' "
-                            f"({exc})") from None
+        raise ManifestError(f"'{QWEN_AGENT_TARGET}:{name}' needs qwen-agent: .venv/bin/python -m pip install -e "
+                            f"'.[qwen-agent]' ({exc})") from None
     if name not in TOOL_REGISTRY:
         raise ManifestError(f"no qwen-agent tool is registered as {name!r} (registered: {sorted(TOOL_REGISTRY)}); "
                             "for a tool class of your own, name the class: pkg.module:MyTool")

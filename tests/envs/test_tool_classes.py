@@ -12,6 +12,7 @@ from rl_factory.types import ToolCall
 from tests.compat_fixtures import FIXTURES
 
 pytestmark = pytest.mark.anyio
+QWEN_AGENT_EXTRA = "qwen-agent is an extra: .venv/bin/python -m pip install -e '.[qwen-agent]' (bash setup.sh --dev)"
 
 
 def manifest(tmp_path, *functions) -> str:
@@ -21,7 +22,7 @@ def manifest(tmp_path, *functions) -> str:
 
 
 async def test_a_qwen_agent_tool_answers_a_call(tmp_path):
-    pytest.importorskip("qwen_agent", reason="qwen-agent is an extra: pip install -e '.[qwen-agent]'")
+    pytest.importorskip("qwen_agent", reason=QWEN_AGENT_EXTRA)
     path = manifest(tmp_path, {"function": f"{FIXTURES / 'qwen_tools.py'}:UnitPrice", "cfg": {"markup": 2}})
     async with ToolEnv.from_manifest(path) as env:
         [schema] = await env.list_tools()
@@ -73,7 +74,7 @@ def test_bad_tool_classes_are_named(tmp_path):
 
 
 def test_a_registered_qwen_agent_name_needs_a_registered_tool(tmp_path):
-    pytest.importorskip("qwen_agent", reason="qwen-agent is an extra: pip install -e '.[qwen-agent]'")
+    pytest.importorskip("qwen_agent", reason=QWEN_AGENT_EXTRA)
     with pytest.raises(ManifestError, match=r"no qwen-agent tool is registered as 'no_such_tool' \(registered: "
                                             r"\[.*'code_interpreter'.*\]\); for a tool class of your own"):
         ToolEnv.from_manifest(manifest(tmp_path, "qwen-agent:no_such_tool"))
