@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install rl_factory into it (editable). Safe to run again.
 #   bash setup.sh          # what main_grpo.sh / main_eval.sh need
-#   bash setup.sh --dev       # plus the test dependencies and the docs site's (.[docs]), verl's CPU parts included (its backend is tested on CPU),
-#                             # and the third-party MCP servers the tests run (tests/servers/install.sh: PyPI + npm)
+#   bash setup.sh --dev       # plus the test dependencies and the docs site's (.[docs]), verl's CPU parts included
+#                             # (its backend is tested on CPU), qwen-agent (its tool classes are tested), and the
+#                             # third-party MCP servers the tests run (tests/servers/install.sh: PyPI + npm)
 #   bash setup.sh --verl      # plus the verl backend for GPU nodes (verl 0.9.1, vLLM 0.24, torch 2.11 CUDA)
 #   bash setup.sh --verl-cpu  # plus verl without vLLM (the plugin and `--cfg job` on a CPU machine)
 # TORCH_SPEC picks the PyTorch build (default torch==2.13.0, the CPU wheel; torch==2.11.0 with --verl, as
@@ -19,7 +20,7 @@ test_servers=0
 torch_default="torch==2.13.0"
 for arg in "$@"; do
   case "$arg" in
-    --dev) extras+=(dev docs verl-cpu); test_servers=1 ;;
+    --dev) extras+=(dev docs verl-cpu qwen-agent); test_servers=1 ;;
     --verl) extras+=(verl); torch_default="torch==2.11.0" ;;
     --verl-cpu) extras+=(verl-cpu) ;;
     *) echo "setup.sh: unknown option $arg (use --dev, --verl or --verl-cpu)" >&2; exit 2 ;;

@@ -4,6 +4,9 @@
       - my_tools.py:word_count                    # a file: relative to the manifest, else the cwd
       - {function: my_pkg.tools:search, timeout_s: 5, cache: {ttl_s: 600}}
 
+An entry may also name a tool class of qwen-agent's or Agent-R1's shape (envs.tool_classes), which runs
+through the same call path below.
+
 The input schema comes from the type hints through the MCP SDK's own `func_metadata`, so a
 function gets the same `input_schema` it would get served by an `MCPServer`; the Google-style
 docstring adds the description (its text before `Args:`) and each parameter's description.
@@ -77,7 +80,7 @@ class FunctionTool:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
         """Run the function; raises ToolCallError("timeout"), returns is_error results otherwise."""
         try:
-            kwargs = self._meta.validate_arguments(arguments)
+            kwargs = self._arguments(arguments)
         except ValidationError as exc:
             return _error_result(name, str(exc))
         async with self._semaphore:
@@ -98,10 +101,16 @@ class FunctionTool:
                 logger.debug("function tool %r raised", name, exc_info=True)
                 return _error_result(name, _describe(exc))
         try:
-            return self._meta.convert_result(value)
+            return self._result(value)
         except Exception as exc:  # noqa: BLE001 - e.g. a return value that cannot be serialized
             return _error_result(name, f"cannot serialize the result: {_describe(exc)}")
 
+    def _arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The call's keyword arguments, typed by the signature's model (raises pydantic's ValidationError)."""
+        return self._meta.validate_arguments(arguments)
+
+    def _result(self, value: Any) -> CallToolResult:
+        return self._meta.convert_result(value)
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
         # Called inside the task, so even a SystemExit the call itself raises is contained.
@@ -110,6 +119,8 @@ class FunctionTool:
 
 def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
     """Import every function of the manifest; ManifestError names the entry that fails."""
+    from envs.tool_classes import class_tool  # a tool class (qwen-agent, Agent-R1) rather than a function
+
     tools = []
     for i, spec in enumerate(manifest.functions):
         where = f"{manifest.source}: functions[{i}] ({spec.function!r})"
@@ -118,7 +129,10 @@ def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
         except ManifestError as err:
             raise ManifestError(f"{where}: {err}") from None
         try:
-            tools.append(FunctionTool(spec, fn))
+            tool = class_tool(spec, fn)
+            if tool is None and spec.cfg is not None:
+                raise ManifestError(f"{spec.function}: cfg is for tool classes; a function takes none")
+            tools.append(tool or FunctionTool(spec, fn))
         except ManifestError as err:
             raise ManifestError(f"{where}: {str(err).split(': ', 1)[-1]}") from None
     return tools
@@ -131,7 +145,11 @@ def load_function(ref: str, base_dir: Path | None = None,
     `import_roots` are appended to sys.path (lowest priority, so nothing is shadowed): the same
     roots a stdio server gets on its PYTHONPATH, so `examples.x.tools:fn` imports from any cwd.
     """
+    from envs.tool_classes import QWEN_AGENT_TARGET, is_tool_object, registered_tool
+
     target, _, name = ref.rpartition(":")
+    if target == QWEN_AGENT_TARGET:
+        return registered_tool(name)
     for root in import_roots:
         if root is not None and str(root) not in sys.path:
             sys.path.append(str(root))
@@ -142,7 +160,7 @@ def load_function(ref: str, base_dir: Path | None = None,
     except Exception as exc:  # noqa: BLE001 - user code may raise anything on import
         raise ManifestError(f"cannot import {target!r}: {_describe(exc)}") from None
     fn = getattr(module, name, None)
-    if not callable(fn):
+    if not callable(fn) and not is_tool_object(fn):
         raise ManifestError(f"{target!r} has no function {name!r}")
     return fn
 

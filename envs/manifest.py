@@ -14,7 +14,10 @@ when it crashes), `cache` (a TTL result cache for deterministic tools), `prefix`
 `<server>__<tool>`) and the episode knobs `scope` (`shared`, or `episode`: one server per trajectory),
 `pool` and `hidden_arguments`, whose values may name the trajectory's sample as `${sample.<column>}`
 (envs.templates, envs.episode). Next to
-`mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions).
+`mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions), or
+tool classes of qwen-agent's or Agent-R1's shape (envs.tool_classes). RL-Factory's `.pydata` (a Python
+literal list of `{"mcpServers": ...}` entries, never executed) and the same list in JSON are read too
+(envs.manifest_formats).
 `transport` (or VS Code's `type`) picks SSE over the default streamable HTTP for a `url` server;
 `disabled: true` skips a server, as in Cline.
 
@@ -52,6 +55,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
                       field_validator, model_validator)
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
+from envs.manifest_formats import from_entries, is_webui_spec, read_pydata
 from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 from envs.templates import check_server
 from rl_factory.errors import UserError
@@ -105,6 +109,8 @@ class ServerSpec(BaseModel):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     cache: CacheSpec | None = None
     prefix: bool | str = False
+    # what joins the prefix and the tool's name: "__", or "-" as qwen-agent and RL-Factory name tools
+    prefix_separator: Literal["__", "-"] = "__"
     disabled: bool = False
     # Episodes (envs.templates, envs.episode): one server for the run, or one per trajectory's episode
     scope: Literal["shared", "episode"] = "shared"
@@ -123,7 +129,7 @@ class ServerSpec(BaseModel):
         """What goes before each tool name the model sees ('' unless `prefix` is set)."""
         if self.prefix is False:
             return ""
-        return f"{server_name if self.prefix is True else self.prefix}__"
+        return f"{server_name if self.prefix is True else self.prefix}{self.prefix_separator}"
 
     def __repr_args__(self):
         # Keys of env/headers say what is configured; their values may be credentials.
@@ -201,6 +207,8 @@ class FunctionSpec(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0)
     max_concurrency: int = Field(default=64, ge=1)
     cache: CacheSpec | None = None
+    # a tool class's constructor argument (qwen-agent's `cfg`; envs.tool_classes); functions take none
+    cfg: dict[str, Any] | None = None
 
     @field_validator("cache", mode="before")
     @classmethod
@@ -291,13 +299,21 @@ def _read(path: Path) -> Any:
         raise ManifestError(f"tool manifest not found: {path}")
     text = path.read_text(encoding="utf-8")
     try:
-        # JSON is parsed as JSON so its errors read as JSON errors; everything else as YAML.
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        # JSON is parsed as JSON so its errors read as JSON errors; RL-Factory's .pydata as a Python
+        # literal (envs.manifest_formats, never executed); everything else as YAML.
+        data = (read_pydata(path, text) if path.suffix == ".pydata" else
+                json.loads(text) if path.suffix == ".json" else yaml.safe_load(text))
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ManifestError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                             f"{' '.join(str(err).split())}") from None
     if data is None:
         return {}
+    if isinstance(data, list) or path.suffix == ".pydata":  # RL-Factory's list of entries (or one of them)
+        return from_entries(data if isinstance(data, list) else [data], str(path))
+    if is_webui_spec(data):
+        raise ManifestError(f"{path}: this is RL-Factory's WebUI tool spec (prompts and tools as inline pythonCode), "
+                            "not a manifest; serve the tools from an MCP server or list them under functions "
+                            "(docs/guides/coming-from.md)")
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping with 'mcpServers', got {type(data).__name__}")
     return data

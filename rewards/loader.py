@@ -15,6 +15,9 @@ Arguments fixed in the config (`RewardFn(fn, bound={...})`) win over both.
 reward runs, so a reward can verify by tool (`await tools.call("query", {"sql": ...})` reads the rows
 the agent changed in its own database). `state` is what the environment (`env.environment`) kept.
 
+A function with verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info=None,
+**kwargs)`, is recognised and called as verl calls it (rewards.verl_style).
+
 A reward returns a float, a dict with a "score" key (the other keys become per-trajectory
 metrics in `reward_info`), or None, which scores 0 and is counted (TRL's "n/a" reward), so a
 reward that abstains is visible in the metrics instead of silently looking like a wrong answer.
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from rl_factory.errors import UserError
 from rl_factory.imports import import_file
 from rl_factory.types import ToolCall, ToolResult
+from rewards import verl_style
 
 if TYPE_CHECKING:
     from rl_factory.types import Trajectory
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 REWARD_ARGS = (
     "completion", "answer", "prompt", "messages", "turns", "tool_calls", "tool_results",
     "sample", "num_turns", "stop_reason", "data_source", "extra_info", "tools", "state",
+    # verl's names (rewards.verl_style): the final completion, the answer, and everything after the prompt
+    "solution_str", "ground_truth", "transcript",
 )
 
 
@@ -132,6 +138,10 @@ class RewardFn:
         if unknown and not self.takes_any:
             raise RewardLoadError(f"reward function {self.name} has no parameter {unknown[0]!r} "
                                   f"(its parameters: {self.arg_names})")
+        try:
+            self.verl = verl_style.recognise(fn, self.arg_names)  # None unless it has verl's signature
+        except ValueError as exc:
+            raise RewardLoadError(f"reward function {self.name}: {exc}") from None
 
     @property
     def is_async(self) -> bool:
@@ -144,6 +154,8 @@ class RewardFn:
 
     def select_kwargs(self, available: dict[str, Any]) -> dict[str, Any]:
         """Pick from `available` the arguments the function names (all of them for **kwargs)."""
+        if self.verl is not None:
+            available = self.verl.arguments(available)
         available = {**available, **self.bound}
         missing = [n for n in self.required if n not in available]
         if missing:
@@ -151,9 +163,10 @@ class RewardFn:
                 f"reward function {self.name} needs {missing}, which is neither a standard "
                 f"reward argument {list(REWARD_ARGS)} nor a dataset column "
                 f"(columns: {_columns(available)})")
-        if self.takes_any:
+        if self.takes_any and self.verl is None:
             return available
-        return {n: available[n] for n in self.arg_names if n in available}
+        names = [*self.arg_names, *verl_style.VERL_ARGS, *self.bound] if self.takes_any else self.arg_names
+        return {n: available[n] for n in dict.fromkeys(names) if n in available}
 
     async def __call__(self, **available: Any) -> Any:
         """Call the function with the arguments it names; returns its raw result."""
@@ -253,6 +266,9 @@ def reward_kwargs(traj: Trajectory, tools: Any = None) -> dict[str, Any]:
     available.update(
         completion=traj.completion,
         answer=sample.get("answer"),
+        solution_str=traj.completion,  # a verl-style function may ask for the transcript instead (verl_style)
+        ground_truth=sample.get("answer"),
+        transcript=verl_style.transcript(traj),
         prompt=prompt_text(traj),
         messages=traj.messages,
         turns=[{"text": t.text, "tool_calls": [_call_dict(c) for c in t.tool_calls],

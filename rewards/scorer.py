@@ -34,8 +34,26 @@ from rl_factory.guard import passes_through
 from rl_factory.loop_local import LoopLocal
 from rl_factory.types import EPISODE_FAILED
 
-if TYPE_CHECKING:
-    from rl_factory.types import Trajectory
+# reward_info keys that count failures (logged as reward/none_count, reward/errors, ...), not a reward's extras
+COUNTERS = ("reward_none", "reward_error", "errors", "episode_error")
+
+
+def reward_info_metrics(infos: list[dict[str, Any] | None]) -> dict[str, float]:
+    """`reward/<key>/mean` for every number in the trajectories' `reward_info`, over those that have it: the
+    numbers a reward returned beside its score (verl's `{"score": s, "acc": 1.0}` gives `reward/acc/mean`),
+    and each named component's score and extras (`reward/<name>/mean`, `reward/<name>/<key>/mean`). Both
+    backends log them from their rollouts (rl_factory.evaluate.summarize_records). A `reward_info` in the form
+    verl's reward workers return (`score_result`: `score`, `reward/<key>`, ...) counts its `reward/*` keys."""
+    values: dict[str, list[float]] = {}
+    for info in infos:
+        info = info or {}
+        if any(k.startswith("reward/") for k in info):
+            info = {k.removeprefix("reward/"): v for k, v in info.items() if k.startswith("reward/")}
+        for key, value in info.items():
+            if key.rpartition("/")[2] in COUNTERS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            values.setdefault(key, []).append(float(value))
+    return {f"reward/{key}/mean": statistics.fmean(v) for key, v in values.items()}
 
 
 class Scorer:

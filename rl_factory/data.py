@@ -4,6 +4,10 @@ Every row comes back as the original columns plus `messages`, the prompt as a ch
 string prompt becomes `[system?, user]`; a prompt that already is a chat list is validated and
 kept, with `system_prompt` prepended only when it has no system message of its own. `answer`
 is copied from `answer_key` (None when the row has none) so rewards can always name `answer`.
+`answer_key` may be a dotted path into nested columns (`reward_model.ground_truth`); with the
+default key, a row without an `answer` column takes verl's `reward_model.ground_truth`, so a
+dataset written by verl's preprocessing scripts loads as it is. The returned `Rows` count which
+column each row's answer came from (`answer_paths`; the doctor prints it).
 
 Errors name the file and the line (JSONL) or row (Parquet) so a bad row in a 100k-line file
 is found at once. `PromptSampler` reshuffles deterministically per epoch and checkpoints its
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,9 @@ from rl_factory.errors import ConfigError, UserError
 logger = logging.getLogger(__name__)
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_ANSWER_KEY = "answer"
+# Where verl's preprocessing layout keeps the reference answer (data_source, prompt, ability, reward_model, extra_info)
+VERL_ANSWER_PATH = "reward_model.ground_truth"
 
 
 class DatasetError(UserError, ValueError):
@@ -76,27 +84,38 @@ READERS: dict[str, Callable[[Path], Iterator[tuple[str, Any]]]] = {
 }
 
 
+class Rows(list):
+    """The rows `load_dataset` read, plus `answer_paths`: how many rows took their `answer` from
+    which column (`answer_path`; None: no answer)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]] = (), answer_paths: Counter | None = None):
+        super().__init__(rows)
+        self.answer_paths: Counter = answer_paths if answer_paths is not None else Counter()
+
+
 def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "prompt",
-                 answer_key: str = "answer", system_prompt: str | None = None,
-                 limit: int | None = None) -> list[dict[str, Any]]:
+                 answer_key: str = DEFAULT_ANSWER_KEY, system_prompt: str | None = None,
+                 limit: int | None = None) -> Rows:
     """Read prompt rows from one or more JSONL / JSON / Parquet files.
 
     Args:
         files: a path or a list of paths, read in order.
         prompt_key: the column holding the prompt: a string, or a list of {"role", "content"}.
-        answer_key: the column copied to `answer` (absent -> None).
+        answer_key: the column copied to `answer`, or a dotted path into nested columns; absent ->
+            verl's `reward_model.ground_truth` for the default key, else None.
         system_prompt: prepended as a system message unless the prompt has its own.
         limit: keep at most this many rows in total.
 
     Returns:
-        One dict per row: the original columns, plus `messages` and `answer`.
+        One dict per row: the original columns, plus `messages` and `answer`; `answer_paths` counts
+        where the answers came from.
 
     Raises:
         DatasetError: missing file, unknown extension, malformed JSON, a row without the
             prompt field, a malformed chat message, or no rows at all.
     """
     paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
-    rows: list[dict[str, Any]] = []
+    rows = Rows()
     for path in paths:
         if limit is not None and len(rows) >= limit:
             break
@@ -107,26 +126,55 @@ def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "pr
         if not path.is_file():
             raise DatasetError(f"dataset file not found: {path} (looked at {path.resolve()})")
         for where, raw in reader(path):
-            rows.append(_to_row(raw, where, prompt_key, answer_key, system_prompt))
+            row, path = _to_row(raw, where, prompt_key, answer_key, system_prompt)
+            rows.answer_paths[path] += 1
+            rows.append(row)
             if limit is not None and len(rows) >= limit:
                 break
     if not rows:
         raise DatasetError(f"no rows in {', '.join(map(str, paths))}")
     if not any(r["answer"] is not None for r in rows):
         logger.warning("no row has the answer field %r; rewards will see answer=None", answer_key)
+    elif rows.answer_paths.get(VERL_ANSWER_PATH):
+        logger.info("answer: from %s in %d row(s) (verl's dataset layout; no %r column)",
+                    VERL_ANSWER_PATH, rows.answer_paths[VERL_ANSWER_PATH], answer_key)
     return rows
 
 
 def _to_row(raw: Any, where: str, prompt_key: str, answer_key: str,
-            system_prompt: str | None) -> dict[str, Any]:
+            system_prompt: str | None) -> tuple[dict[str, Any], str | None]:
     if not isinstance(raw, dict):
         raise DatasetError(f"{where}: expected an object per row, got {type(raw).__name__}")
     if prompt_key not in raw:
         raise DatasetError(f"{where}: row has no {prompt_key!r} field (keys: {sorted(raw)})")
     row = dict(raw)
     row["messages"] = to_messages(raw[prompt_key], system_prompt, where=f"{where}: {prompt_key!r}")
-    row["answer"] = raw.get(answer_key)
-    return row
+    path = answer_path(raw, answer_key)
+    row["answer"] = None if path is None else column(raw, path)
+    return row, path
+
+
+def column(row: dict[str, Any], path: str) -> Any:
+    """The value at `path` in a row: a column's name, or a dotted path into nested columns
+    (`reward_model.ground_truth`); a column whose own name holds the dots wins. None when absent."""
+    if path in row:
+        return row[path]
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def answer_path(row: dict[str, Any], answer_key: str = DEFAULT_ANSWER_KEY) -> str | None:
+    """Which column of a dataset row (as read from its file) becomes `answer`: `answer_key`, else (for
+    the default key only) verl's `reward_model.ground_truth`; None when the row has neither."""
+    if column(row, answer_key) is not None:
+        return answer_key
+    if answer_key == DEFAULT_ANSWER_KEY and column(row, VERL_ANSWER_PATH) is not None:
+        return VERL_ANSWER_PATH
+    return None
 
 
 def to_messages(prompt: Any, system_prompt: str | None = None,

@@ -15,7 +15,7 @@ from rl_factory import jsonl
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
 from rl_factory.types import EPISODE_FAILED, Trajectory
-from rewards.scorer import Scorer
+from rewards.scorer import Scorer, reward_info_metrics
 
 
 def summarize(trajs: list[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
@@ -45,6 +45,7 @@ def summarize_records(records: list[dict[str, Any]], success_threshold: float = 
         metrics[f"stop/{reason}"] = count / len(records)
     for kind, count in Counter(res["error_kind"] for res in results if res["error_kind"] is not None).items():
         metrics[f"tool/error_rate/{kind}"] = count / len(results)  # share of calls (counts: tool/errors/*)
+    metrics.update(reward_info_metrics([r.get("reward_info") for r in records]))  # e.g. reward/acc/mean
     return metrics
 
 

@@ -15,6 +15,7 @@ from rl_factory.doctor import template
 
 CHECKS: list[tuple[str, Any, tuple[str, ...]]] = []
 PROMPT_ROWS = 256  # rows whose prompts are rendered to find the longest
+ANSWER_ARGS = ("answer", "ground_truth")  # reward arguments that hold the row's answer (ours, verl's)
 
 
 class CheckFailed(Exception):
@@ -99,7 +100,10 @@ async def reward_loads(doc) -> str:
     except Exception as exc:
         raise CheckFailed(one_line(exc), "check reward.function / reward.functions: file.py:fn or package.module:fn")
     doc.state["reward"] = reward
-    return f"{reward.name}: arguments {sorted({a for c in reward.components for a in c.fn.arg_names})}"
+    verl = [f"{c.fn.name} has verl's signature (solution_str = the {c.fn.verl.solution_str})"
+            for c in reward.components if c.fn.verl is not None]
+    return (f"{reward.name}: arguments {sorted({a for c in reward.components for a in c.fn.arg_names})}"
+            + "".join(f"; {v}" for v in verl))
 
 
 @check("data", needs=("data", "reward"))
@@ -121,20 +125,37 @@ async def data(doc) -> str:
     for key, rows in loaded.items():
         for component in doc.state["reward"].components:
             fn = component.fn
-            needed = [a for a in fn.required if a not in REWARD_ARGS or a == "answer"]
+            needed = [a for a in fn.required if a not in REWARD_ARGS or a in ANSWER_ARGS]
             for i, row in enumerate(rows):
-                absent = [a for a in needed if row.get(a) is None]
+                absent = [a for a in needed if row.get("answer" if a in ANSWER_ARGS else a) is None]
                 if absent:
-                    column = d.answer_key if absent[0] == "answer" else absent[0]
+                    column = d.answer_key if absent[0] in ANSWER_ARGS else absent[0]
                     raise CheckFailed(
                         f"{key} row {i} has no {column!r} column, which reward {fn.name} needs (as `{absent[0]}`); "
                         f"row columns: {sorted(k for k in row if k != 'messages')[:8]}",
-                        f"set data.answer_key to the answer column" if absent[0] == "answer" else
+                        "set data.answer_key to the answer column (a dotted path such as reward_model.ground_truth "
+                        "reads a nested one)" if absent[0] in ANSWER_ARGS else
                         f"add {column!r} to every row, or give the reward a default for it")
     doc.state["rows"] = next(iter(loaded.values())) if doc.mode == "eval" else loaded["data.val_files"]
     doc.state["all_rows"] = [r for rows in loaded.values() for r in rows]
     doc.state["first_rows"] = next(iter(loaded))  # which file all_rows[0] is row 0 of
-    return ", ".join(f"{key}: {len(rows)} rows" for key, rows in loaded.items()) + "; the reward's columns are present"
+    return (", ".join(f"{key}: {len(rows)} rows" for key, rows in loaded.items()) + "; "
+            + _answer_source(loaded, d.answer_key) + "; the reward's columns are present")
+
+
+def _answer_source(loaded: dict[str, Any], answer_key: str) -> str:
+    """Which column became the rewards' `answer`, in words: answer from 'reward_model.ground_truth' (verl's layout)."""
+    from rl_factory.data import VERL_ANSWER_PATH
+
+    paths = Counter()
+    for rows in loaded.values():
+        paths.update(getattr(rows, "answer_paths", {}))
+    found = [p for p in paths if p is not None]
+    if not found:
+        return f"no row has an answer ({answer_key!r}): rewards see answer=None"
+    words = [f"{p!r}" + (" (verl's layout)" if p == VERL_ANSWER_PATH else "") for p in found]
+    missing = f", none in {paths[None]} row(s)" if paths[None] else ""
+    return f"answer from {' and '.join(words)}{missing}"
 
 
 @check("environment", needs=("env_cfg",))
