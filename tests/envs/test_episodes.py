@@ -9,6 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -155,3 +156,54 @@ def test_episode_values_are_not_environment_variables(monkeypatch):
     monkeypatch.setenv("sample", "no")  # ${sample.x} is not ${VAR} interpolation
     spec = load_manifest({"mcpServers": {"s": notes("${sample.x}", scope="episode")}}).servers["s"]
     assert spec.args[-1] == "${sample.x}" and os.environ["sample"] == "no"
+
+
+# ---- sample values are data: they never steer the launch line ---------------------------------------------
+
+def test_a_sample_value_cannot_change_a_urls_host(monkeypatch):
+    from envs.templates import EpisodeVars, fill_launch
+
+    monkeypatch.setenv("TENANT_KEY", "sk-tenant-secret-123")
+    manifest = {"mcpServers": {"api": {"url": "http://${sample.tenant}.example.com/mcp/${sample.path}",
+                                       "headers": {"Authorization": "Bearer ${TENANT_KEY}"}, "scope": "episode"}}}
+    spec = load_manifest(manifest).servers["api"]
+    ep = EpisodeVars("e1")
+    good = fill_launch(spec, {"tenant": "acme", "path": "v1"}, ep, "mcpServers.api")
+    assert good.url == "http://acme.example.com/mcp/v1"
+    for tenant in ("127.0.0.1:9/steal?", "evil.com/", "user@evil.com#", "evil.com%2F"):
+        url = fill_launch(spec, {"tenant": tenant, "path": "../../x?y#z"}, ep, "mcpServers.api").url
+        parts = urlsplit(url)
+        assert parts.hostname.endswith(".example.com") and parts.port is None and not parts.username, url
+        assert parts.path.startswith("/mcp/") and parts.path.count("/") == 2 and not parts.query, url
+    with pytest.raises(ValueError, match=r"headers.X-Tenant: the sample's value holds a line break"):
+        bad = load_manifest({"mcpServers": {"api": {"url": "http://h/mcp", "scope": "episode",
+                                                    "headers": {"X-Tenant": "${sample.t}"}}}}).servers["api"]
+        fill_launch(bad, {"t": "a\r\nX-Admin: 1"}, ep, "mcpServers.api")
+
+
+async def test_a_sample_value_starting_with_a_dash_is_not_an_option(tmp_path):
+    stolen = tmp_path / "stolen.json"
+    manifest = {"mcpServers": {"notes": notes("--tag", "t", "${sample.extra}", scope="episode")}}
+    async with ToolEnv.from_manifest(manifest, probe_sample={"extra": "ok"}) as env:
+        await env.list_tools()
+        with pytest.raises(EpisodeError, match=r"args\[3\]: \$\{sample.extra\} gives '--file=.*which the server "
+                                               r"would read as an option"):
+            episode = await env.open_episode({"extra": f"--file={stolen}"})
+            await call(episode, "put", key="k", value="v")  # old code: the server wrote the row's file
+        assert not stolen.exists() and env.metrics()["episode/failed"] == 1
+
+
+async def test_a_sample_value_cannot_climb_out_of_the_episode_directory(tmp_path):
+    manifest = {"mcpServers": {"notes": notes(scope="episode", cwd="${episode.dir}/${sample.sub}",
+                                              env={"NOTES_ENV": "x"}),
+                               "files": notes("--file", "${episode.dir}/${sample.name}", scope="episode", prefix=True)}}
+    async with ToolEnv.from_manifest(manifest, probe_sample={"sub": ".", "name": "n.json"}) as env:
+        await env.list_tools()
+        episode = await env.open_episode({"sub": ".", "name": "n.json"})
+        assert json.loads((await call(episode, "whoami")).text)["cwd"] == os.path.realpath(episode.workdir)
+        await episode.close()
+        with pytest.raises(EpisodeError, match=r"notes.cwd: \$\{episode.dir\}/\$\{sample.sub\} gives .*outside "
+                                               r"the episode's directory"):
+            await env.open_episode({"sub": "../..", "name": "n.json"})
+        with pytest.raises(EpisodeError, match=r"files.args\[2\]: .* outside the episode's directory"):
+            await env.open_episode({"sub": ".", "name": f"../../{tmp_path.name}/x.json"})
