@@ -50,6 +50,7 @@ class RewardConfig:
     on_error: str = "raise"
     executor: str = "inline"
     timeout_s: float | None = None
+    max_abs: float | None = 1e6
     process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
 
 

@@ -66,6 +66,10 @@ def as_string(completion):
 
 def as_bool(completion):
     return True
+
+
+def huge(completion):
+    return float(completion)
 '''
 
 
@@ -140,6 +144,24 @@ def test_a_reward_must_return_a_real_number(rewards_file, function, shown):
     with pytest.raises(RewardError, match=f"reward returned {shown}; expected a real number"):
         asyncio.run(score_trajectories(build_scorer(RewardConfig(function=f"{rewards_file}:{function}")),
                                        [make_traj()]))
+
+
+@pytest.mark.parametrize("value", ["1e308", "-1e155", "1000000.5"])
+def test_a_reward_outside_the_bound_is_the_one_line_reward_error(rewards_file, value):
+    scorer = build_scorer(RewardConfig(function=f"{rewards_file}:huge"))
+    trajs = [make_traj("1.0", 0), make_traj(value, 1, id="row-7")]
+    with pytest.raises(RewardError, match=r"^reward faulty_rewards.py:huge failed on sample 1 \(id 'row-7'\) .*"
+                                          r"RewardError: reward returned .*, outside \[-1e\+06, 1e\+06\] "
+                                          r"\(reward.max_abs\)") as info:
+        asyncio.run(score_trajectories(scorer, trajs))
+    assert "\n" not in str(info.value)
+    zero = build_scorer(RewardConfig(function=f"{rewards_file}:huge", on_error="zero", max_abs=10.0))
+    trajs = [make_traj("10", 0), make_traj("-11", 1)]
+    metrics = asyncio.run(score_trajectories(zero, trajs))
+    assert [t.reward for t in trajs] == [10.0, 0.0] and metrics["reward/errors"] == 1.0
+    unbounded = build_scorer(RewardConfig(function=f"{rewards_file}:huge", max_abs=None))
+    asyncio.run(score_trajectories(unbounded, trajs := [make_traj("1e300", 0)]))
+    assert trajs[0].reward == 1e300
 
 
 # ---- judge endpoints --------------------------------------------------------------------------
