@@ -164,7 +164,7 @@ class Scorer:
                 fn = self.process.fn
                 value, extras = await self.call(fn, turn_kwargs(traj, i), lambda kwargs, exc, i=i: (
                     f"process reward {fn.name} failed on sample {traj.sample_index} turn {i}: "
-                    f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    f"{type(exc).__name__}: {redact_known(str(exc))[:200]}"))
                 errors += "reward_error" in extras
                 r += value
             rewards.append(float(r))
@@ -180,7 +180,7 @@ class Scorer:
         total = 0.0
         for c in self.components:
             value, _ = await self.call(c.fn, available, lambda kwargs, exc, c=c: (
-                f"reward {c.fn.name} failed while judging: {type(exc).__name__}: {str(exc)[:200]}"))
+                f"reward {c.fn.name} failed while judging: {type(exc).__name__}: {redact_known(str(exc))[:200]}"))
             total += c.weight * value
         return total
 

@@ -70,6 +70,10 @@ def as_bool(completion):
 
 def huge(completion):
     return float(completion)
+
+
+def leaks_key(completion, key):
+    raise RuntimeError("x" * 176 + key)  # the key straddles the 200th character of the kept error
 '''
 
 
@@ -162,6 +166,17 @@ def test_a_reward_outside_the_bound_is_the_one_line_reward_error(rewards_file, v
     unbounded = build_scorer(RewardConfig(function=f"{rewards_file}:huge", max_abs=None))
     asyncio.run(score_trajectories(unbounded, trajs := [make_traj("1e300", 0)]))
     assert trajs[0].reward == 1e300
+
+
+def test_a_reward_error_is_scrubbed_before_it_is_cut(rewards_file):
+    from envs.secrets import protect
+
+    key = "sk-judge-" + "f00dcafe" * 4
+    protect([key])
+    scorer = build_scorer(RewardConfig(function=f"{rewards_file}:leaks_key", on_error="zero"))
+    asyncio.run(score_trajectories(scorer, trajs := [make_traj(key=key)]))
+    error = trajs[0].reward_info["reward_error"]
+    assert error == "RuntimeError: " + "x" * 176 + "***" and key[:6] not in error
 
 
 # ---- judge endpoints --------------------------------------------------------------------------
