@@ -69,6 +69,10 @@ TRANSPORT_ALIASES = {
     "sse": "sse",
 }
 PYTHON_COMMANDS = {"python", "python3"}
+# libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_EXPANDED_VALUES = 200_000  # lists and mappings and their entries, after YAML aliases are expanded
+MAX_DEPTH = 64
 _ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
 
 
@@ -292,15 +296,51 @@ def _read(path: Path) -> Any:
     text = path.read_text(encoding="utf-8")
     try:
         # JSON is parsed as JSON so its errors read as JSON errors; everything else as YAML.
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=YAML_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ManifestError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                             f"{' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: nested too deeply to read") from None
+    _check_aliases(data, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping with 'mcpServers', got {type(data).__name__}")
     return data
+
+
+def _check_aliases(data: Any, path: Path) -> None:
+    """Refuse a document that YAML aliases expand past MAX_EXPANDED_VALUES values, one that refers to itself,
+    or one nested past MAX_DEPTH: each alias is a reference to a shared object, which every later pass
+    (interpolation, validation) walks again, so nine aliases of nine aliases of ... (a 529-byte file) took
+    minutes. Linear: each distinct list or mapping is visited once."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, dict | list) or id(node) in size:
+            continue
+        kids = [v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, dict | list)]
+        if not done:
+            if id(node) in open_:
+                raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in kids)
+            continue
+        if any(id(kid) in open_ for kid in kids):
+            raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
+        open_.discard(id(node))
+        size[id(node)] = 1 + len(node) + sum(size[id(kid)] for kid in kids)
+        depth[id(node)] = 1 + max((depth[id(kid)] for kid in kids), default=0)
+        if size[id(node)] > MAX_EXPANDED_VALUES:
+            raise ManifestError(f"{path}: more than {MAX_EXPANDED_VALUES} values once its YAML aliases (*name) are "
+                                "expanded; a manifest needs a few hundred (use fewer aliases)")
+        if depth[id(node)] > MAX_DEPTH:
+            raise ManifestError(f"{path}: nested more than {MAX_DEPTH} levels deep")
 
 
 def _interpolate(value: Any, source: str, path: tuple, found: list[Substitution]) -> Any:
