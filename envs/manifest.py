@@ -117,6 +117,9 @@ class ServerSpec(BaseModel):
     # tool -> argument -> value (may name ${sample.<column>}): removed from the schema the model sees,
     # filled into every call made through an episode
     hidden_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # path inside ${episode.dir} -> file or directory (may name ${sample.<column>}) copied there before a
+    # scope: episode server starts: a server that writes its file gets its own copy per trajectory
+    files: dict[str, str] = Field(default_factory=dict)
     _secrets: tuple[str, ...] = PrivateAttr(default=())
 
     def redact(self, text: str) -> str:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,13 +105,32 @@ def check_server(name: str, spec: Any) -> None:
     for tool, args in spec.hidden_arguments.items():
         if not isinstance(args, Mapping) or not args:
             raise ValueError(f"hidden_arguments.{tool}: expected a mapping of argument name to value")
+    check_files(spec)
+
+
+def check_files(spec: Any) -> None:
+    """`files`: per-episode copies, so only on a `scope: episode` server, each to a path inside ${episode.dir}."""
+    if spec.files and spec.scope != "episode":
+        raise ValueError("files are copied into each episode's ${episode.dir}: they need scope: episode")
+    if spec.files and spec.pool:
+        raise ValueError("pool starts processes before their episode exists, so before its files are copied; "
+                         "drop pool, or files")
+    for target, source in spec.files.items():
+        parts = target.replace("\\", "/").split("/")
+        if not target or target.startswith("/") or ".." in parts or "${" in target:
+            raise ValueError(f"files: {target!r}: expected a relative path inside ${{episode.dir}} (no '..', no "
+                             "references), e.g. db.sqlite")
+        for kind, ref in refs(source):
+            if kind == "episode":
+                raise ValueError(f"files.{target}: a source may name ${{sample.*}}, not ${{episode.{ref}}}")
 
 
 def needs_dir(values: Any) -> bool:
     """Whether `values` (a ServerSpec's launch line, or a mapping such as hidden_arguments) names ${episode.dir}
     (a `cwd` naming the sample needs it too: it must resolve inside it)."""
     if hasattr(values, "model_copy"):
-        return ("episode", "dir") in set(launch_refs(values)) or any(k == "sample" for k, _ in refs(values.cwd))
+        return (("episode", "dir") in set(launch_refs(values)) or any(k == "sample" for k, _ in refs(values.cwd))
+                or bool(values.files))
     return ("episode", "dir") in set(refs(values))
 
 
@@ -153,6 +173,24 @@ def fill_launch(spec: Any, sample: Mapping[str, Any], episode: EpisodeVars, wher
         if any(c in text for c in "\r\n\0"):  # a second header, or a request of its own
             raise TemplateError(f"{where}.headers.{name}: the sample's value holds a line break or NUL")
     return spec.model_copy(update=update) if update else spec
+
+
+def copy_files(spec: Any, sample: Mapping[str, Any], episode: EpisodeVars, where: str) -> None:
+    """Copy each of the server's `files` into the episode's directory (before its instance starts).
+
+    Raises:
+        TemplateError: a missing column, or a source that does not exist.
+    """
+    for target, source in spec.files.items():
+        path = fill(source, sample, episode, f"{where}.files.{target}", as_text=True)
+        if not os.path.exists(path):
+            raise TemplateError(f"{where}.files.{target}: {source} is {path!r:.160}, which does not exist")
+        dest = os.path.join(episode.dir, target)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if os.path.isdir(path):
+            shutil.copytree(path, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(path, dest)
 
 
 def _url_part(match: re.Match, sample: Mapping[str, Any], episode: EpisodeVars, where: str) -> str:

@@ -7,6 +7,7 @@ gone reads /proc or the file system, not our own bookkeeping.
 import asyncio
 import json
 import os
+import re
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -207,3 +208,41 @@ async def test_a_sample_value_cannot_climb_out_of_the_episode_directory(tmp_path
             await env.open_episode({"sub": "../..", "name": "n.json"})
         with pytest.raises(EpisodeError, match=r"files.args\[2\]: .* outside the episode's directory"):
             await env.open_episode({"sub": ".", "name": f"../../{tmp_path.name}/x.json"})
+
+
+async def test_files_gives_each_episode_its_own_copy_of_the_samples_file(tmp_path):
+    # A server that writes the file it is given (as PyPI's mcp-server-sqlite does with --db-path): named
+    # directly, every trajectory of the sample shares (and changes) the dataset's own file.
+    notes_file = tmp_path / "row0.json"
+    notes_file.write_text(json.dumps({"seed": "from the dataset"}))
+    shared = {"mcpServers": {"notes": notes("--file", "${sample.notes}", scope="episode")}}
+    async with ToolEnv.from_manifest(shared, probe_sample={"notes": str(notes_file)}) as env:
+        a, b = await asyncio.gather(*(env.open_episode({"notes": str(notes_file)}) for _ in range(2)))
+        await call(a, "put", key="k", value="from a")
+        assert (await call(b, "get", key="k")).text == "from a"  # what files: is for
+        await a.close(), await b.close()
+    notes_file.write_text(json.dumps({"seed": "from the dataset"}))
+    copied = {"mcpServers": {"notes": notes("--file", "${episode.dir}/state/notes.json", scope="episode",
+                                            files={"state/notes.json": "${sample.notes}"})}}
+    async with ToolEnv.from_manifest(copied, probe_sample={"notes": str(notes_file)}) as env:
+        a, b = await asyncio.gather(*(env.open_episode({"notes": str(notes_file)}) for _ in range(2)))
+        assert (await call(a, "put", key="k", value="from a")).ok
+        assert (await call(b, "get", key="k")).text == "(none)"
+        assert [(await call(ep, "get", key="seed")).text for ep in (a, b)] == ["from the dataset"] * 2
+        assert json.loads((Path(a.workdir) / "state" / "notes.json").read_text())["k"] == "from a"
+        with pytest.raises(EpisodeError, match=r"^mcpServers.notes.files.state/notes.json: \$\{sample.notes\} is "
+                                               r"'.*missing.json', which does not exist$"):
+            await env.open_episode({"notes": str(tmp_path / "missing.json")})
+        await a.close(), await b.close()
+    assert json.loads(notes_file.read_text()) == {"seed": "from the dataset"}  # the dataset's file is untouched
+
+
+@pytest.mark.parametrize("entry, message", [
+    (notes(files={"db": "x"}), "files are copied into each episode's ${episode.dir}: they need scope: episode"),
+    (notes(scope="episode", pool=1, files={"db": "x"}), "pool starts processes before their episode exists"),
+    (notes(scope="episode", files={"../db": "x"}), "expected a relative path inside ${episode.dir}"),
+    (notes(scope="episode", files={"/db": "x"}), "expected a relative path inside ${episode.dir}"),
+])
+def test_files_are_checked_when_the_manifest_loads(entry, message):
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        load_manifest({"mcpServers": {"s": entry}})
