@@ -235,6 +235,7 @@ def test_the_verl_reward_worker_goes_through_the_same_scorer(rewards_file, tmp_p
     assert score("calls_exit", "fine")["score"] == 1.0
     assert score("calls_exit", "exit")["score"] == 0.0  # SystemExit: a reward error, not a dead worker
     assert score("as_string", "fine")["score"] == 0.0  # "0.9" is not a score
+    assert score("huge", "1e308")["score"] == 0.0 and score("huge", "1e308", max_abs=None)["score"] == 1e308
     # the per-turn process reward runs under reward.timeout_s too (it used to wait however long it took)
     slow = score("calls_exit", "fine", timeout_s=0.2, process={"function": f"{per_turn}:slow"})
     assert slow["score"] == 1.0 and slow["reward/process/errors"] == 1.0
