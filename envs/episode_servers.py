@@ -1,9 +1,10 @@
 """A `scope: episode` server: one instance per episode, a bound on live ones, and a warm pool.
 
 Each episode gets its own `MCPServerConnection`: its own process for a stdio server (state kept per
-process: a database file, a knowledge graph, a shell), its own MCP session for a `url` server (state
-kept per session). The instance is stopped when the episode closes and never reused, so no state
-crosses from one trajectory to the next.
+process: a knowledge graph, a shell), its own MCP session for a `url` server (state kept per session).
+The instance is stopped when the episode closes and never reused, so no state kept in it crosses from
+one trajectory to the next. State the server keeps outside it (a file it was handed) is shared, unless
+`files` gives each episode its own copy in `${episode.dir}` (copied before the instance starts).
 
 - Tools: the prompt renders one tool list for the whole run, so the server's tools are listed once,
   when the env starts, from a *probe* instance that is stopped right after. A launch line that names

@@ -12,8 +12,8 @@ connect, handshake and tool list, each start and restart), `max_concurrency` (in
 calls; for `scope: episode`, also live episodes), `tools: {include, exclude}`, `restart` (what happens
 when it crashes), `cache` (a TTL result cache for deterministic tools), `prefix` (expose tools as
 `<server>__<tool>`) and the episode knobs `scope` (`shared`, or `episode`: one server per trajectory),
-`pool` and `hidden_arguments`, whose values may name the trajectory's sample as `${sample.<column>}`
-(envs.templates, envs.episode). Next to
+`pool`, `hidden_arguments` and `files` (copied into `${episode.dir}` before the server starts), whose
+values may name the trajectory's sample as `${sample.<column>}` (envs.templates, envs.episode). Next to
 `mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions).
 `transport` (or VS Code's `type`) picks SSE over the default streamable HTTP for a `url` server;
 `disabled: true` skips a server, as in Cline.
