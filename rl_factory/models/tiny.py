@@ -19,9 +19,7 @@ import json
 import os
 import random
 import shutil
-import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rl_factory.chat import ChatFormat
+from rl_factory.interrupt import interruptible
 from rl_factory.models.warmstart import (WarmStartConfig, supervised_pass, tokenize_transcript,
                                          transcript_texts)
 
@@ -79,7 +78,7 @@ def cached_build(out: Path, build, log=print, what: str = "a builtin model") -> 
     """`out` if it holds a built model, else `build(tmp_dir)` and the result renamed to `out`.
 
     One process builds at a time (a lock file beside `out`): several first runs on one machine wait for
-    the first one's build and reuse it. Ctrl-C and SIGTERM stop the build at once (`interruptible`).
+    the first one's build and reuse it. Ctrl-C and SIGTERM stop the build at once (rl_factory.interrupt).
     """
     if (out / "config.json").exists():
         return out
@@ -114,24 +113,6 @@ def build_lock(out: Path, log=print, what: str = "a builtin model") -> Iterator[
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Ctrl-C (and SIGTERM, which the CLI turns into SIGINT) raise KeyboardInterrupt here and now.
-
-    The build runs on the event loop's thread, where asyncio's own SIGINT handler only cancels the main
-    task, which a synchronous build never yields to: a run told to stop went on building for minutes.
-    Python's default handler raises between two bytecodes of the build (a training step is milliseconds).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int):
