@@ -1,9 +1,10 @@
 """A `scope: episode` server: one instance per episode, a bound on live ones, and a warm pool.
 
 Each episode gets its own `MCPServerConnection`: its own process for a stdio server (state kept per
-process: a database file, a knowledge graph, a shell), its own MCP session for a `url` server (state
-kept per session). The instance is stopped when the episode closes and never reused, so no state
-crosses from one trajectory to the next.
+process: a knowledge graph, a shell), its own MCP session for a `url` server (state kept per session).
+The instance is stopped when the episode closes and never reused, so no state kept in it crosses from
+one trajectory to the next. State the server keeps outside it (a file it was handed) is shared, unless
+`files` gives each episode its own copy in `${episode.dir}` (copied before the instance starts).
 
 - Tools: the prompt renders one tool list for the whole run, so the server's tools are listed once,
   when the env starts, from a *probe* instance that is stopped right after. A launch line that names
@@ -39,7 +40,8 @@ from mcp.types import CallToolResult
 
 from envs.manifest import ServerSpec
 from envs.mcp_client import MCPServerConnection, ServerStartError, ToolCallError, ToolEnvError
-from envs.templates import EpisodeVars, TemplateError, fill_launch, launch_refs, needs_dir
+from envs.templates import (EpisodeVars, TemplateError, copy_files, fill_launch, launch_refs, needs_dir,
+                             refs)
 
 logger = logging.getLogger(__name__)
 EPISODE_DIR_PREFIX = "rlf-episode-"
@@ -67,6 +69,10 @@ class EpisodeServer:
         """The sample columns its launch line names."""
         return [ref for kind, ref in launch_refs(self.spec) if kind == "sample"]
 
+    @property
+    def _file_refs(self) -> list[str]:
+        return [ref for kind, ref in refs(self.spec.files) if kind == "sample"]
+
     # ---- the run: probe, pool, stop -------------------------------------------------------------
 
     async def start(self) -> None:
@@ -74,15 +80,17 @@ class EpisodeServer:
         self._closed = False
         self._live = asyncio.Semaphore(self.spec.max_concurrency)
         self._starts = asyncio.Semaphore(POOL_STARTS)
-        if self.sample_refs and self.probe_sample is None:
-            raise ToolEnvError(f"mcpServers.{self.name}: its launch line names ${{sample.{self.sample_refs[0]}}}, so listing its "
+        if (self.sample_refs or self._file_refs) and self.probe_sample is None:
+            named = (self.sample_refs or self._file_refs)[0]
+            raise ToolEnvError(f"mcpServers.{self.name}: its launch line names ${{sample.{named}}}, so listing its "
                                "tools means starting it for one sample, and none was given (the trainer and "
                                "main_eval.sh pass the first row; `python -m envs list` takes --sample JSON)")
         workdir = tempfile.mkdtemp(prefix=EPISODE_DIR_PREFIX) if needs_dir(self.spec) else None
         try:
             try:
-                spec = fill_launch(self.spec, self.probe_sample or {}, EpisodeVars("probe", workdir),
-                                   f"mcpServers.{self.name}")
+                probe_vars = EpisodeVars("probe", workdir)
+                spec = fill_launch(self.spec, self.probe_sample or {}, probe_vars, f"mcpServers.{self.name}")
+                copy_files(self.spec, self.probe_sample or {}, probe_vars, f"mcpServers.{self.name}")
             except TemplateError as exc:
                 raise ToolEnvError(f"listing the tools of a scope: episode server for the first sample: {exc}") from None
             probe = self._connection(spec)
@@ -130,6 +138,8 @@ class EpisodeServer:
         if self._closed or self._live is None:
             raise ServerStartError(f"MCP server '{self.name}' is not running (the tool env was stopped)")
         spec = fill_launch(self.spec, sample, episode, f"mcpServers.{self.name}")  # before waiting for a slot
+        if self.spec.files:
+            await asyncio.to_thread(copy_files, self.spec, sample, episode, f"mcpServers.{self.name}")
         await self._live.acquire()
         conn = None
         try:

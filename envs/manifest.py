@@ -12,8 +12,8 @@ connect, handshake and tool list, each start and restart), `max_concurrency` (in
 calls; for `scope: episode`, also live episodes), `tools: {include, exclude}`, `restart` (what happens
 when it crashes), `cache` (a TTL result cache for deterministic tools), `prefix` (expose tools as
 `<server>__<tool>`) and the episode knobs `scope` (`shared`, or `episode`: one server per trajectory),
-`pool` and `hidden_arguments`, whose values may name the trajectory's sample as `${sample.<column>}`
-(envs.templates, envs.episode). Next to
+`pool`, `hidden_arguments` and `files` (copied into `${episode.dir}` before the server starts), whose
+values may name the trajectory's sample as `${sample.<column>}` (envs.templates, envs.episode). Next to
 `mcpServers`, `functions` lists plain Python functions to serve as tools (see envs.functions), or
 tool classes of qwen-agent's or Agent-R1's shape (envs.tool_classes). RL-Factory's `.pydata` (a Python
 literal list of `{"mcpServers": ...}` entries, never executed) and the same list in JSON are read too
@@ -73,6 +73,10 @@ TRANSPORT_ALIASES = {
     "sse": "sse",
 }
 PYTHON_COMMANDS = {"python", "python3"}
+# libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_EXPANDED_VALUES = 200_000  # lists and mappings and their entries, after YAML aliases are expanded
+MAX_DEPTH = 64
 _ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
 
 
@@ -119,6 +123,9 @@ class ServerSpec(BaseModel):
     # tool -> argument -> value (may name ${sample.<column>}): removed from the schema the model sees,
     # filled into every call made through an episode
     hidden_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # path inside ${episode.dir} -> file or directory (may name ${sample.<column>}) copied there before a
+    # scope: episode server starts: a server that writes its file gets its own copy per trajectory
+    files: dict[str, str] = Field(default_factory=dict)
     _secrets: tuple[str, ...] = PrivateAttr(default=())
 
     def redact(self, text: str) -> str:
@@ -302,10 +309,13 @@ def _read(path: Path) -> Any:
         # JSON is parsed as JSON so its errors read as JSON errors; RL-Factory's .pydata as a Python
         # literal (envs.manifest_formats, never executed); everything else as YAML.
         data = (read_pydata(path, text) if path.suffix == ".pydata" else
-                json.loads(text) if path.suffix == ".json" else yaml.safe_load(text))
+                json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=YAML_LOADER))
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ManifestError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                             f"{' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: nested too deeply to read") from None
+    _check_aliases(data, path)
     if data is None:
         return {}
     if isinstance(data, list) or path.suffix == ".pydata":  # RL-Factory's list of entries (or one of them)
@@ -317,6 +327,39 @@ def _read(path: Path) -> Any:
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping with 'mcpServers', got {type(data).__name__}")
     return data
+
+
+def _check_aliases(data: Any, path: Path) -> None:
+    """Refuse a document that YAML aliases expand past MAX_EXPANDED_VALUES values, one that refers to itself,
+    or one nested past MAX_DEPTH: each alias is a reference to a shared object, which every later pass
+    (interpolation, validation) walks again, so nine aliases of nine aliases of ... (a 529-byte file) took
+    minutes. Linear: each distinct list or mapping is visited once."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, dict | list) or id(node) in size:
+            continue
+        kids = [v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, dict | list)]
+        if not done:
+            if id(node) in open_:
+                raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in kids)
+            continue
+        if any(id(kid) in open_ for kid in kids):
+            raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
+        open_.discard(id(node))
+        size[id(node)] = 1 + len(node) + sum(size[id(kid)] for kid in kids)
+        depth[id(node)] = 1 + max((depth[id(kid)] for kid in kids), default=0)
+        if size[id(node)] > MAX_EXPANDED_VALUES:
+            raise ManifestError(f"{path}: more than {MAX_EXPANDED_VALUES} values once its YAML aliases (*name) are "
+                                "expanded; a manifest needs a few hundred (use fewer aliases)")
+        if depth[id(node)] > MAX_DEPTH:
+            raise ManifestError(f"{path}: nested more than {MAX_DEPTH} levels deep")
 
 
 def _interpolate(value: Any, source: str, path: tuple, found: list[Substitution]) -> Any:

@@ -116,6 +116,25 @@ def redact_known(text: str) -> str:
     return text
 
 
+def safe_cut(data: bytes, extra: Iterable[str] = ()) -> int:
+    """Where to cut `data` (a long line written in pieces, each scrubbed on its own) so that no secret
+    (`extra` or one `protect` knows) is split between two pieces: the last (longest secret - 1) bytes are
+    held back, for a secret that the next bytes may complete, and the cut moves before any secret that
+    spans it, and off a UTF-8 continuation byte. The bytes from the cut on go into the next piece."""
+    secrets = [s.encode("utf-8", "replace") for s in (*extra, *(s for s, _ in _protected)) if s]
+    longest = max(map(len, secrets), default=1)
+    cut, moved = max(0, len(data) - (longest - 1)), True
+    while moved:
+        moved = False
+        for secret in secrets:
+            start = data.rfind(secret, max(0, cut - len(secret) + 1), cut + len(secret) - 1)
+            if start != -1 and start < cut < start + len(secret):
+                cut, moved = start, True
+    while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut
+
+
 def _install_record_factory() -> None:
     previous = logging.getLogRecordFactory()
     formatter = logging.Formatter()

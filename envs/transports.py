@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from envs.mcp_client import MCPServerConnection
 
 READ_CHUNK = 1 << 16
-STDERR_LINE_BYTES = 64 * 1024  # a longer stderr line is written (scrubbed) in pieces
+STDERR_LINE_BYTES = 64 * 1024  # a longer stderr line is written (scrubbed) in pieces, cut outside any secret
 TERMINATE_GRACE_S = 2.0  # after closing stdin, then again after SIGTERM (the SDK's values)
 TOO_LARGE = -32097  # our JSON-RPC error code for a dropped oversized message
 ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
@@ -102,7 +102,8 @@ async def stdio_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any,
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)
         tg.start_soon(stdin_writer)
-        tg.start_soon(pump_stderr, process.stderr, lambda: conn._errlog, spec.redact)  # log_to may move it
+        tg.start_soon(pump_stderr, process.stderr, lambda: conn._errlog, spec.redact,  # log_to may move it
+                      getattr(spec, "_secrets", ()))
         try:
             yield read_stream, write_stream
         finally:
@@ -153,10 +154,11 @@ def _message(line: bytes, size: int, limit: int) -> SessionMessage | Exception:
 
 
 async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[bytes] | None],
-                      redact: Callable[[str], str]) -> None:
+                      redact: Callable[[str], str], secrets: tuple[str, ...] = ()) -> None:
     """Copy a server's stderr into its log (`log()`: the file it goes to now), line by line, with its
-    secrets scrubbed."""
-    from envs.secrets import redact_known
+    secrets scrubbed; a line past STDERR_LINE_BYTES goes in pieces cut where no secret (`secrets`, the
+    server's, or one the process knows) is split, so each piece is scrubbed whole."""
+    from envs.secrets import redact_known, safe_cut
 
     pending = bytearray()
     try:
@@ -166,7 +168,8 @@ async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[
             except anyio.EndOfStream:
                 break
             pending += chunk
-            cut = pending.rfind(b"\n") + 1 or (len(pending) if len(pending) > STDERR_LINE_BYTES else 0)
+            cut = pending.rfind(b"\n") + 1 or (safe_cut(bytes(pending), secrets) if len(pending) > STDERR_LINE_BYTES
+                                                else 0)
             if cut:
                 _write_log(log(), redact_known(redact(pending[:cut].decode("utf-8", "replace"))))
                 del pending[:cut]

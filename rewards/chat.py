@@ -68,6 +68,11 @@ class ChatClient:
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        if key:
+            # an endpoint may echo it (an error page, a reply) into what we log and write: mask it everywhere
+            from envs.secrets import protect
+
+            protect([key], replacement=f"${{oc.env:{self.api_key_env}}}")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def chat(self, messages: list[dict[str, Any]], parse: Callable[[str], Any] | None = None) -> Any:

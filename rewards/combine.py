@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from envs.secrets import redact_known
 from rewards.loader import RewardFn, RewardLoadError, load_reward, prompt_text
 from rewards.process import ProcessRewardConfig
 
@@ -50,6 +51,7 @@ class RewardConfig:
     on_error: str = "raise"
     executor: str = "inline"
     timeout_s: float | None = None
+    max_abs: float | None = 1e6
     process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
 
 
@@ -107,7 +109,7 @@ def describe_failure(name: str, traj: Trajectory, kwargs: dict[str, Any], exc: B
     sample = traj.sample or {}
     ident = f" (id {sample['id']!r:.40})" if sample.get("id") is not None else ""
     return (f"reward {name} failed on sample {traj.sample_index}{ident} "
-            f"(prompt: {prompt_text(traj)[:80]!r}): {type(exc).__name__}: {str(exc)[:120]}; "
+            f"(prompt: {prompt_text(traj)[:80]!r}): {type(exc).__name__}: {redact_known(str(exc))[:120]}; "
             f"inputs: {_inputs(kwargs)}")
 
 

@@ -11,7 +11,8 @@ per-turn process rewards (`reward.process`), the pairwise reward judge of ArenaR
 through `Scorer.call`, the single place that decides where a sync function runs (`executor`:
 inline, thread or worker processes; rewards.executors), how long it may take (`timeout_s`, for
 process rewards too), what the result must be (a real number, a dict with one, or None: never a
-string or a bool) and what a failure does (`on_error`: stop the run with a `RewardError` naming the
+string or a bool; at most `max_abs` in magnitude, since a finite 1e308 overflows the advantage
+estimators' means and variances into inf and NaN) and what a failure does (`on_error`: stop the run with a `RewardError` naming the
 sample, or score 0 and count it). Any exception counts as a failure, `SystemExit` included; only
 cancellation and Ctrl-C pass through.
 
@@ -26,6 +27,7 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from envs.secrets import redact_known
 from rewards.combine import ON_ERROR, Component, RewardConfig, build_components, describe_failure
 from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
@@ -69,11 +71,13 @@ class Scorer:
             single `reward.function`, whose reward_info keeps the function's own keys.
         max_workers: processes of the "process" executor.
         max_concurrency: trajectories scored at once by `submit`/`wait`.
+        max_abs: a score of larger magnitude is a failure (None: no bound).
     """
 
     def __init__(self, components: list[Component], process: ProcessReward | None = None, *,
                  on_error: str = "raise", executor: str = "inline", timeout_s: float | None = None,
-                 named: bool = True, max_workers: int = 4, max_concurrency: int = 64):
+                 named: bool = True, max_workers: int = 4, max_concurrency: int = 64,
+                 max_abs: float | None = 1e6):
         if on_error not in ON_ERROR:
             raise RewardLoadError(f"reward.on_error: unknown value {on_error!r} (valid: {', '.join(ON_ERROR)})")
         names = [c.name for c in components]
@@ -88,7 +92,7 @@ class Scorer:
         for fn in [c.fn for c in components] + ([self.process.fn] if self.process and self.process.fn else []):
             self.executor.check(fn)
         self.name = " + ".join(f"{c.weight:g}*{c.name}" for c in components) if named else components[0].fn.name
-        self.max_concurrency = max_concurrency
+        self.max_concurrency, self.max_abs = max_concurrency, max_abs
         self.tools = RewardTools(None)
         self._slots = LoopLocal(lambda: asyncio.Semaphore(self.max_concurrency))
         self._tasks: dict[int, asyncio.Task] = {}  # id(trajectory) -> its scoring task
@@ -104,7 +108,7 @@ class Scorer:
     def sibling(self, fn: RewardFn) -> Scorer:
         """Another function under this scorer's policy (executor, timeout, on_error)."""
         return Scorer([Component(fn.name, fn)], named=False, on_error=self.on_error, executor=self.executor_name,
-                      timeout_s=self.timeout_s, max_workers=self.executor.max_workers)
+                      timeout_s=self.timeout_s, max_workers=self.executor.max_workers, max_abs=self.max_abs)
 
     def use_tools(self, env: Any) -> Scorer:
         """Give reward functions that name `tools` this env (a live ToolEnv, or an episode handle)."""
@@ -125,13 +129,18 @@ class Scorer:
         kwargs: dict[str, Any] = {}
         try:
             kwargs = fn.select_kwargs(available)
-            return fn.to_score(await self.executor.run(fn, kwargs, self.timeout_s))
+            score, extras = fn.to_score(await self.executor.run(fn, kwargs, self.timeout_s))
+            if self.max_abs is not None and abs(score) > self.max_abs:
+                raise RewardError(f"reward returned {score:g}, outside [-{self.max_abs:g}, {self.max_abs:g}] "
+                                  "(reward.max_abs)")
+            return score, extras
         except BaseException as exc:  # noqa: BLE001 - user code: anything but our cancel / Ctrl-C
             if passes_through(exc):
                 raise
             if self.on_error == "raise":
                 raise RewardError(describe(kwargs, exc)) from exc
-            return 0.0, {"reward_error": f"{type(exc).__name__}: {exc}"[:200]}
+            # scrubbed before it is cut: a cut through a secret would leave its head unrecognisable
+            return 0.0, {"reward_error": redact_known(f"{type(exc).__name__}: {exc}")[:200]}
 
     # ---- scoring --------------------------------------------------------------------------------
 
@@ -173,7 +182,7 @@ class Scorer:
                 fn = self.process.fn
                 value, extras = await self.call(fn, turn_kwargs(traj, i), lambda kwargs, exc, i=i: (
                     f"process reward {fn.name} failed on sample {traj.sample_index} turn {i}: "
-                    f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    f"{type(exc).__name__}: {redact_known(str(exc))[:200]}"))
                 errors += "reward_error" in extras
                 r += value
             rewards.append(float(r))
@@ -189,7 +198,7 @@ class Scorer:
         total = 0.0
         for c in self.components:
             value, _ = await self.call(c.fn, available, lambda kwargs, exc, c=c: (
-                f"reward {c.fn.name} failed while judging: {type(exc).__name__}: {str(exc)[:200]}"))
+                f"reward {c.fn.name} failed while judging: {type(exc).__name__}: {redact_known(str(exc))[:200]}"))
             total += c.weight * value
         return total
 
@@ -266,7 +275,7 @@ def build_scorer(cfg: RewardConfig) -> Scorer:
         raise RewardLoadError(str(exc)) from None
     return Scorer(components, process, named=named, on_error=cfg.on_error, executor=cfg.executor,
                   timeout_s=cfg.timeout_s, max_workers=max(1, cfg.max_concurrency),
-                  max_concurrency=cfg.max_concurrency)
+                  max_concurrency=cfg.max_concurrency, max_abs=cfg.max_abs)
 
 
 async def score_trajectories(reward: Any, trajs: list[Trajectory], max_concurrency: int | None = None,

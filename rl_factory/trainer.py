@@ -44,7 +44,9 @@ from rl_factory.pipeline import RolloutPipeline, check_pipeline
 from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
-from rl_factory.update import AlgorithmConfig, OptimConfig, load_reference, old_log_probs_mode, update_policy
+from rl_factory.interrupt import interruptible
+from rl_factory.update import (AlgorithmConfig, NonFiniteGuard, OptimConfig, load_reference, old_log_probs_mode,
+                               update_policy)
 from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
@@ -161,6 +163,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 tracker.log({**history["first_val"], "timing/val_s": val_s}, step=0)
                 run.write_report(t_cfg.report)
             progress = StepProgress(t_cfg.total_steps, start=step, enabled=t_cfg.progress)
+            nonfinite = NonFiniteGuard(optim_cfg.max_nonfinite_steps)  # a streak of skipped steps spans steps
             while step < t_cfg.total_steps:
                 step += 1
                 t0 = time.perf_counter()
@@ -185,8 +188,9 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     assign_advantages(alg.advantage, groups, rewards=[scorer.outcome(t) for t in trajs],
                                       scores=batch.scores, **alg.advantage_options)
                 # 6. Policy update with the registered policy loss (plus the value loss with a critic).
-                actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model, seed + step,
-                                      value_head=value_head)
+                with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
+                    actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model,
+                                          seed + step, value_head=value_head, guard=nonfinite)
                 t3 = time.perf_counter()
                 # 7. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,

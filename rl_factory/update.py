@@ -12,10 +12,16 @@ changing it. A mini-batch with none to compute takes no optimizer step (the warm
 
 The KL penalty to the frozen reference (only built when `kl_coef > 0`) is aggregated with the same
 `loss_agg` mode as the policy loss, as verl's `agg_loss` does.
+
+An optimizer step whose loss or gradient norm is not finite is skipped (its gradients dropped, the
+weights and the optimizer state untouched) and counted in `update/skipped_nonfinite`: one NaN
+gradient would otherwise make every weight NaN. `optim.max_nonfinite_steps` such steps in a row
+stop the run (`NonFiniteUpdates`, one line): the model is diverging, not hitting a stray batch.
 """
 from __future__ import annotations
 
 import copy
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
@@ -25,7 +31,7 @@ import torch
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig, value_loss
-from rl_factory.errors import ConfigError
+from rl_factory.errors import ConfigError, UserError
 from rl_factory.packing import MASK_KINDS, attention_cost_ratio, build_packs, pack_inputs
 from rl_factory.types import Trajectory
 
@@ -67,6 +73,35 @@ class OptimConfig:
     # A prompt's samples computed as one packed row of their prefix tree, what they share once
     # (rl_factory/packing.py); models that cannot take the packed mask fall back to plain rows
     shared_prefix: bool = True
+    # Optimizer steps in a row whose loss or gradient norm is not finite before the run stops (each skipped)
+    max_nonfinite_steps: int = 3
+
+
+class NonFiniteUpdates(UserError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
+class NonFiniteGuard:
+    """Counts optimizer steps skipped for a non-finite loss or gradient norm; one per run, so a streak
+    spans training steps."""
+
+    def __init__(self, limit: int = 3):
+        self.limit, self.in_a_row, self.skipped = max(1, limit), 0, 0
+
+    def allows(self, losses: list[float], grad_norms: list[float]) -> bool:
+        """Whether the optimizer may step; raises NonFiniteUpdates after `limit` refusals in a row."""
+        bad = [v for v in (*losses, *grad_norms) if not math.isfinite(v)]
+        if not bad:
+            self.in_a_row = 0
+            return True
+        self.in_a_row += 1
+        self.skipped += 1
+        if self.in_a_row >= self.limit:
+            raise NonFiniteUpdates(
+                f"{self.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm ({bad[0]}); each "
+                "was skipped, the weights are unchanged. Stopping: lower optim.lr, check the rewards and advantages "
+                "(rollouts/), or raise optim.max_nonfinite_steps")
+        return False
 
 
 def _length(sample) -> int:
@@ -170,12 +205,19 @@ def old_log_probs_mode(alg: AlgorithmConfig, optim: OptimConfig) -> str:
 
 
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
-                  optim: OptimConfig, ref_model=None, seed: int = 0, value_head=None) -> dict[str, float]:
+                  optim: OptimConfig, ref_model=None, seed: int = 0, value_head=None,
+                  guard: NonFiniteGuard | None = None) -> dict[str, float]:
     """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics.
 
     With a `value_head` (gae) the clipped value loss (`alg.critic`) is added, every trajectory trains
-    (token advantages are rarely all 0) and critic/* metrics are returned too.
+    (token advantages are rarely all 0) and critic/* metrics are returned too. `guard` (the run's, so a
+    streak of non-finite steps spans calls; default a fresh one) decides whether each optimizer step runs.
+
+    Raises:
+        NonFiniteUpdates: `optim.max_nonfinite_steps` optimizer steps in a row were not finite.
     """
+    guard = guard if guard is not None else NonFiniteGuard(optim.max_nonfinite_steps)
+    skipped_before = guard.skipped
     if alg.kl_coef > 0 and ref_model is None:
         raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
     # One sample per trajectory, or one per turn with the `step` context policy. A zero-advantage sample
@@ -205,6 +247,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
             if not trained:
                 continue
             optimizer.zero_grad(set_to_none=True)
+            losses: list[float] = []
             for micro, packed in forward_batches(policy, trained, optim):
                 b = collate(micro, pad_id, policy.device)
                 logprobs, hidden = _logprobs(policy, b, packed, hidden=value_head is not None)
@@ -229,17 +272,23 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / rows
                 (loss * share).backward()
                 stats["loss"] = float(loss.detach())
+                losses.append(stats["loss"])
                 for k, v in stats.items():
                     totals.setdefault(k, []).append(float(v))
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
-            totals.setdefault("grad_norm", []).append(float(grad_norm))
+            norms = [float(torch.nn.utils.clip_grad_norm_(params, optim.grad_clip))]
             if value_head is not None:  # clipped on its own, as a separate critic model would be
-                vf_norm = torch.nn.utils.clip_grad_norm_(value_head.parameters(), optim.grad_clip)
-                totals.setdefault("critic/grad_norm", []).append(float(vf_norm))
+                norms.append(float(torch.nn.utils.clip_grad_norm_(value_head.parameters(), optim.grad_clip)))
+            if not guard.allows(losses, norms):
+                optimizer.zero_grad(set_to_none=True)  # NaN gradients must not reach the weights or Adam's moments
+                continue
+            totals.setdefault("grad_norm", []).append(norms[0])
+            if value_head is not None:
+                totals.setdefault("critic/grad_norm", []).append(norms[1])
             optimizer.step()
             scheduler.step()
     policy.model.eval()
     metrics = {(k if k.startswith("critic/") else f"actor/{k}"): sum(v) / len(v) for k, v in totals.items()}
+    metrics["update/skipped_nonfinite"] = float(guard.skipped - skipped_before)
     metrics["actor/trained_fraction"] = sum(keep) / len(trajs)
     metrics["actor/samples"] = sum(k for _, k, _ in samples)
     metrics["actor/forward_tokens"] = forward_tokens

@@ -266,3 +266,28 @@ def test_tools_that_are_none_and_a_reward_that_reads_its_episode_say_so(tmp_path
         "scored 0.000 on row 0 in its own episode before any tool call (an empty completion: no row has "
         "'answer'): the reward reads the episode through `tools`, so what the agent's calls leave there is "
         "scored at rollout")
+
+
+def test_a_per_episode_server_given_the_samples_own_file_is_warned_about(tmp_path):
+    import json
+
+    notes = REPO / "tests" / "fakes" / "notes_server.py"
+    (tmp_path / "row.json").write_text("{}")
+    rows = [json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1), "notes": str(tmp_path / "row.json")})
+            for i in range(2)]
+    (tmp_path / "data.jsonl").write_text("\n".join(rows) + "\n")
+    common = [f"trainer.output_dir={tmp_path / 'run'}", f"data.train_files={tmp_path / 'data.jsonl'}",
+              f"data.val_files={tmp_path / 'data.jsonl'}"]
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(json.dumps({"mcpServers": {"notes": {
+        "command": "python", "args": [str(notes), "--file", "${sample.notes}"], "scope": "episode"}}}))
+    _, checks = doctor(*common, f"env.tools={shared}")
+    assert checks["tools"].status == PASS
+    assert ("warning: mcpServers.notes.args names ${sample.notes}, an existing file (" + str(tmp_path / "row.json")
+            + "): every trajectory of a sample gets that same file") in checks["tools"].detail
+    copied = tmp_path / "copied.yaml"
+    copied.write_text(json.dumps({"mcpServers": {"notes": {
+        "command": "python", "args": [str(notes), "--file", "${episode.dir}/notes.json"], "scope": "episode",
+        "files": {"notes.json": "${sample.notes}"}}}}))
+    _, checks = doctor(*common, f"env.tools={copied}")
+    assert checks["tools"].status == PASS and "warning" not in checks["tools"].detail, checks["tools"].detail

@@ -274,3 +274,28 @@ def test_load_config_rejects_a_misspelled_key():
         load_config("grpo", ["trainer.totl_steps=1"])
     cfg = load_config("grpo", ["trainer.total_steps=1", "rollout.n=3"])
     assert cfg.trainer.total_steps == 1 and cfg.rollout.n == 3
+
+
+def test_a_non_finite_step_is_skipped_and_a_streak_stops_the_run(policy, base_policy):
+    from rl_factory.update import NonFiniteGuard, NonFiniteUpdates
+
+    good = make_traj(policy, "What is 347 * 29?", "The answer is 10063.", advantage=1.0, index=0)
+    poisoned = make_traj(policy, "What is 1234 + 5678?", "I think it is 7.", advantage=float("nan"), index=1)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+    guard = NonFiniteGuard(limit=2)
+    metrics = update_policy(policy, optimizer, constant_schedule(optimizer), [good, poisoned], AlgorithmConfig(),
+                            OptimConfig(), guard=guard)
+    assert metrics["update/skipped_nonfinite"] == 1.0 and "actor/grad_norm" not in metrics
+    for p, o in zip(policy.model.parameters(), base_policy.model.parameters()):
+        assert torch.equal(p, o)  # not one weight moved, none became NaN
+    metrics = update_policy(policy, optimizer, constant_schedule(optimizer), [good], AlgorithmConfig(),
+                            OptimConfig(), guard=guard)  # a finite step resets the streak and trains
+    assert metrics["update/skipped_nonfinite"] == 0.0 and guard.in_a_row == 0
+    assert all(torch.isfinite(p).all() for p in policy.model.parameters())
+    update_policy(policy, optimizer, constant_schedule(optimizer), [poisoned], AlgorithmConfig(), OptimConfig(),
+                  guard=guard)
+    with pytest.raises(NonFiniteUpdates, match=r"^2 optimizer steps in a row had a non-finite loss or gradient "
+                                                r"norm \(nan\); each was skipped"):
+        update_policy(policy, optimizer, constant_schedule(optimizer), [poisoned], AlgorithmConfig(),
+                      OptimConfig(), guard=guard)
+    assert all(torch.isfinite(p).all() for p in policy.model.parameters())

@@ -18,7 +18,8 @@ Not for Qwen3-Coder / Qwen3.5, which use an XML `<function=...>` format inside t
 from __future__ import annotations
 
 from envs.parsers import register_parser
-from envs.parsers.blocks import TOOL_CALL, guess_name, malformed, name_problem, strip_end_markers
+from envs.parsers.blocks import (TOOL_CALL, call_blocks, guess_name, malformed, name_problem,
+                                 strip_end_markers, unread_blocks)
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text
 from rl_factory.types import ToolCall
 
@@ -32,11 +33,8 @@ class HermesParser:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         text = repair_text(text)  # an engine that hands us text (not ids) may pass lone surrogates
-        calls = []
-        for match in TOOL_CALL.finditer(text):
-            closed = match.group(1) is not None
-            body = match.group(1) if closed else strip_end_markers(match.group(2))
-            calls.append(_to_call(body, raw=match.group(0)))
+        blocks, more = call_blocks(text)
+        calls = [_to_call(body, raw=raw) for body, raw in blocks] + ([unread_blocks(more)] if more else [])
         content = strip_end_markers(TOOL_CALL.sub("", text)).strip()
         return content, calls
 

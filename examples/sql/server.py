@@ -14,11 +14,17 @@ also why a warm pool (`pool:`) can start these processes before their episode ex
 A SELECT returns its rows as a small text table (`col | col` header, one line per row, at most
 MAX_ROWS); any other statement returns how many rows it changed. `ATTACH`, `DETACH` and `VACUUM` are
 refused (they would reach other files), and so is a second database in one process.
+
+What one statement may cost is bounded, so a model's query cannot wedge its episode: a statement running
+past MAX_STATEMENT_S is interrupted (a progress handler; a recursive CTE without a stop otherwise runs
+until the episode's call times out, holding the server's only thread), a string or blob is at most
+MAX_VALUE_BYTES (`randomblob(900000000)` took 900 MB), and the database copy at most MAX_DB_BYTES.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -26,6 +32,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 server = MCPServer("sql", log_level="WARNING")
 MAX_ROWS = 50
 REFUSED = ("ATTACH", "DETACH", "VACUUM")
+MAX_STATEMENT_S = 5.0
+MAX_VALUE_BYTES = 1 << 20
+MAX_DB_BYTES = 64 << 20
+PROGRESS_EVERY = 10_000  # SQLite virtual-machine instructions between deadline checks (~1 ms)
 _db: dict[str, sqlite3.Connection] = {}
 
 
@@ -48,6 +58,9 @@ def _connection(database: str) -> sqlite3.Connection:
     finally:
         source.close()
     copy.set_authorizer(_deny_files)
+    copy.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    page_size = copy.execute("PRAGMA page_size").fetchone()[0]
+    copy.execute(f"PRAGMA max_page_count = {max(1, MAX_DB_BYTES // page_size)}")
     _db[database] = copy
     return copy
 
@@ -62,13 +75,19 @@ async def run_sql(sql: str, database: str) -> str:
     if sql.lstrip().split(" ", 1)[0].upper() in REFUSED:
         raise ToolError(f"{sql.split()[0].upper()} is not allowed here")
     conn = _connection(database)
+    deadline = time.monotonic() + MAX_STATEMENT_S
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY)  # true: interrupt
     try:
         cursor = conn.execute(sql)
+        if cursor.description is None:
+            return f"OK, {cursor.rowcount} row(s) changed"
+        rows = cursor.fetchmany(MAX_ROWS + 1)
     except sqlite3.Error as exc:
+        if time.monotonic() > deadline:
+            raise ToolError(f"the statement ran past {MAX_STATEMENT_S:g} s and was stopped") from None
         raise ToolError(f"{type(exc).__name__}: {exc}") from None
-    if cursor.description is None:
-        return f"OK, {cursor.rowcount} row(s) changed"
-    rows = cursor.fetchmany(MAX_ROWS + 1)
+    finally:
+        conn.set_progress_handler(None, 0)
     lines = [" | ".join(d[0] for d in cursor.description)]
     lines += [" | ".join("NULL" if v is None else str(v) for v in row) for row in rows[:MAX_ROWS]]
     if len(rows) > MAX_ROWS:

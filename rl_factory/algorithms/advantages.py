@@ -32,16 +32,23 @@ and to be safe where it does not):
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
+from rl_factory.errors import UserError
 from rl_factory.registry import Registry
 from rl_factory.types import Group
 
 AdvantageFn = Callable[..., torch.Tensor]
+
+
+class AdvantageError(UserError, ValueError):
+    """An estimator gave non-finite advantages (rewards near the float range, an option such as epsilon=0)."""
+
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {}
 
@@ -134,7 +141,12 @@ def estimate(name: str, inputs: AdvantageInputs, **options: Any) -> torch.Tensor
         raise ValueError(f"advantage estimator {name!r} needs {missing}, which were not given")
     if inputs.rewards.numel() == 0:
         return torch.zeros(0, dtype=torch.float32, device=inputs.rewards.device)
-    return fn(inputs, **options).to(torch.float32)
+    advantages = fn(inputs, **options).to(torch.float32)
+    bad = (~torch.isfinite(advantages)).nonzero()[:, 0].unique().tolist()
+    if bad:  # e.g. rewards near the float range, or epsilon=0 with a group whose rewards are all equal
+        raise AdvantageError(f"advantage estimator {name!r} gave non-finite advantages for trajectories {bad[:10]} "
+                         f"(rewards {inputs.rewards[bad[:3]].tolist()}, options {options})")
+    return advantages
 
 
 def compute_advantages(name: str, rewards: Any, group_ids: Any, *, token_rewards: Any = None,
@@ -217,11 +229,16 @@ def group_stats(values: torch.Tensor, group_index: torch.Tensor
     """
     num_groups = int(group_index.max()) + 1
     size = torch.bincount(group_index, minlength=num_groups).to(values.dtype)  # [G]
+    # The statistics of values / scale, scaled back: a sum of 1e308s or a square of 1e155 would overflow
+    # (NaN or all-zero advantages); a power of two keeps every value of ordinary size bit-for-bit.
+    top = float(values.abs().max()) if values.numel() else 0.0
+    scale = 2.0 ** math.frexp(top)[1] if top > 1e100 else 1.0
+    scaled = values / scale
     mean = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
-    mean = mean.index_add(0, group_index, values) / size  # [G]
-    sq_dev = (values - mean[group_index]) ** 2  # [N]
+    mean = mean.index_add(0, group_index, scaled) / size  # [G]
+    sq_dev = (scaled - mean[group_index]) ** 2  # [N]
     var = torch.zeros_like(mean).index_add(0, group_index, sq_dev) / (size - 1).clamp(min=1)
-    return mean[group_index], var.sqrt()[group_index], size[group_index]
+    return mean[group_index] * scale, var.sqrt()[group_index] * scale, size[group_index]
 
 
 def group_zscore(values: torch.Tensor, group_index: torch.Tensor, norm_by_std: bool = True,
@@ -244,6 +261,8 @@ def whiten(values: torch.Tensor, weights: torch.Tensor, epsilon: float = 1e-8) -
         Whitened values, same shape (where the weight is 0 too; mask them yourself).
     """
     total = weights.sum()
+    top = float(values.abs().max()) if values.numel() else 0.0
+    values = values / (2.0 ** math.frexp(top)[1] if top > 1e100 else 1.0)  # the result is scale-free
     mean = (values * weights).sum() / total.clamp(min=1e-12)
     var = ((values - mean) ** 2 * weights).sum() / (total - 1).clamp(min=1e-12)
     return (values - mean) * torch.rsqrt(var + epsilon)

@@ -234,7 +234,38 @@ async def tools(doc) -> str:
     per_server = Counter(env.server_of(t["function"]["name"]) for t in schemas)
     listed = ", ".join(f"{server}: {n}" for server, n in per_server.items())
     spoken = f"; env.environment {cfg.environment} may answer after every turn" if cfg.environment else ""
-    return f"{len(schemas)} tool(s) listed ({listed}){spoken}"
+    warnings = "".join(f"; warning: {w}" for w in shared_file_warnings(env, (doc.state.get("all_rows") or [None])[0]))
+    return f"{len(schemas)} tool(s) listed ({listed}){spoken}{warnings}"
+
+
+def shared_file_warnings(env, row: dict | None) -> list[str]:
+    """A `scope: episode` launch line that hands the server a sample's existing file, not a copy of it: every
+    trajectory of that sample opens the same file, and a server that writes it changes the dataset."""
+    import os
+
+    from envs.templates import LAUNCH_FIELDS, refs
+
+    found = []
+    for server in getattr(env, "_episode_servers", []) if row else []:
+        copied = {ref for _, ref in refs(server.spec.files)}
+        for key in LAUNCH_FIELDS:
+            for kind, ref in refs(getattr(server.spec, key)):
+                value = _column(row, ref) if kind == "sample" and ref not in copied else None
+                if isinstance(value, str) and os.path.isfile(value):
+                    found.append(f"mcpServers.{server.name}.{key} names ${{sample.{ref}}}, an existing file ({value}): "
+                                 "every trajectory of a sample gets that same file (a server that writes it changes "
+                                 "the dataset's); give each episode a copy: files: {data: \"${sample." + ref + "}\"} "
+                                 "and ${episode.dir}/data in the launch line")
+    return found
+
+
+def _column(row: dict, name: str):
+    node = row
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 @check("reward scores a row", needs=("reward", "rows", "tools", "environment"))

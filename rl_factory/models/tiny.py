@@ -12,18 +12,22 @@ short enough to train on two CPU cores.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from rl_factory.chat import ChatFormat
+from rl_factory.interrupt import interruptible
 from rl_factory.models.warmstart import (WarmStartConfig, supervised_pass, tokenize_transcript,
                                          transcript_texts)
 
@@ -71,22 +75,44 @@ def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log
 
 
 def cached_build(out: Path, build, log=print, what: str = "a builtin model") -> Path:
-    """`out` if it holds a built model, else `build(tmp_dir)` and the result renamed to `out`."""
+    """`out` if it holds a built model, else `build(tmp_dir)` and the result renamed to `out`.
+
+    One process builds at a time (a lock file beside `out`): several first runs on one machine wait for
+    the first one's build and reuse it. Ctrl-C and SIGTERM stop the build at once (rl_factory.interrupt).
+    """
     if (out / "config.json").exists():
         return out
-    log(f"building {what} (first use) into {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp dir and rename: a run killed mid-build never leaves a half-built cache.
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
-    try:
-        build(tmp)
-        os.replace(tmp, out)
-    except OSError:
-        if not (out / "config.json").exists():  # lost a race with a concurrent build: theirs is fine
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with interruptible(), build_lock(out, log, what):
+        if (out / "config.json").exists():  # built by the run this one waited for
+            return out
+        log(f"building {what} (first use) into {out}")
+        # Build in a sibling temp dir and rename: a run killed mid-build never leaves a half-built cache.
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
+        try:
+            build(tmp)
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "config.json").exists():  # lost a race with a concurrent build: theirs is fine
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def build_lock(out: Path, log=print, what: str = "a builtin model") -> Iterator[None]:
+    """Hold the lock on building `out` (`.<name>.lock` beside it; released when the process dies)."""
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process building {what} into {out}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int):

@@ -194,3 +194,26 @@ def test_parity_with_verl_gae():
     ours = compute_advantages("gae", torch.zeros(8), range(8), token_rewards=token_rewards, values=values,
                               response_mask=mask, gamma=0.95, lam=0.9)
     torch.testing.assert_close(ours, theirs * mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["grpo", "reinforce_pp"])
+def test_huge_finite_rewards_give_the_same_z_scores(name):
+    # the mean of two 1e308s, or the square of 1e155, overflowed: NaN or silently all-zero advantages
+    unit = compute_advantages(name, [1.0, 0.0, 0.0, -0.5], [0, 0, 0, 0])
+    for scale in (1e155, 1e300):
+        huge = compute_advantages(name, [scale, 0.0, 0.0, -scale / 2], [0, 0, 0, 0])
+        torch.testing.assert_close(huge, unit, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo"])
+def test_linear_advantages_past_float32_are_an_error_not_inf(name):
+    unit = compute_advantages(name, [1.0, 0.0, 0.0, -0.5], [0, 0, 0, 0])
+    torch.testing.assert_close(compute_advantages(name, [1e30, 0.0, 0.0, -5e29], [0, 0, 0, 0]) / 1e30, unit)
+    with pytest.raises(ValueError, match=f"advantage estimator '{name}' gave non-finite advantages"):
+        compute_advantages(name, [1e155, 0.0, 0.0, -5e154], [0, 0, 0, 0])
+
+
+def test_non_finite_advantages_are_an_error_naming_the_estimator():
+    with pytest.raises(ValueError, match=r"advantage estimator 'grpo' gave non-finite advantages for trajectories "
+                                         r"\[0, 1\]"):
+        compute_advantages("grpo", [1.0, 1.0], [0, 0], epsilon=0.0)

@@ -220,6 +220,33 @@ def test_two_hundred_calls_in_one_turn_are_capped(tokenizer):
     assert time.perf_counter() - start < 30
 
 
+# One repeated fragment per text; before the name patterns stopped at "<", each "<function=" scanned to the
+# end of the text: 160 KB took 56 s. 400 KB must take well under a second (the limit is 100x that, to be
+# safe on a loaded CI machine; benchmarks/parsers.py measures 1 MB).
+UNCLOSED_TAGS = ["<tool_call>" + "<function=" * 40_000, "<tool_call><function=f>" + "<parameter=" * 40_000,
+                 "<tool_call>" * 40_000, "<tool_call>" + '{"name": "' * 40_000]
+
+
+@pytest.mark.parametrize("parser_name", PARSERS)
+@pytest.mark.parametrize("text", UNCLOSED_TAGS, ids=["function", "parameter", "tool_call", "json_name"])
+def test_a_flood_of_unclosed_tags_parses_in_linear_time(parser_name, text):
+    start = time.perf_counter()
+    get_parser(parser_name, tools=TOOLS).parse(text)
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_blocks_past_the_cap_become_one_malformed_call(parser_name):
+    from envs.parsers.blocks import MAX_BLOCKS
+
+    one = ('<tool_call>{"name": "evaluate", "arguments": {"expression": "1"}}</tool_call>' if parser_name == "hermes"
+           else "<tool_call><function=evaluate><parameter=expression>1</parameter></function></tool_call>")
+    content, calls = get_parser(parser_name, tools=TOOLS).parse("hi " + one * (MAX_BLOCKS + 5))
+    assert content == "hi" and len(calls) == MAX_BLOCKS + 1
+    assert all(c.error is None and c.arguments == {"expression": "1"} for c in calls[:MAX_BLOCKS])
+    assert calls[-1].error == f"5 more <tool_call> blocks were not read (at most {MAX_BLOCKS} per turn)"
+
+
 @pytest.mark.anyio
 async def test_a_flood_of_calls_does_not_starve_a_sibling_trajectorys_call(tmp_path, write_manifest, fault_server):
     # A server that serves one call at a time, and a per-call timeout of 2 s. Uncapped, the sibling's

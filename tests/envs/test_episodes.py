@@ -7,8 +7,10 @@ gone reads /proc or the file system, not our own bookkeeping.
 import asyncio
 import json
 import os
+import re
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -155,3 +157,92 @@ def test_episode_values_are_not_environment_variables(monkeypatch):
     monkeypatch.setenv("sample", "no")  # ${sample.x} is not ${VAR} interpolation
     spec = load_manifest({"mcpServers": {"s": notes("${sample.x}", scope="episode")}}).servers["s"]
     assert spec.args[-1] == "${sample.x}" and os.environ["sample"] == "no"
+
+
+# ---- sample values are data: they never steer the launch line ---------------------------------------------
+
+def test_a_sample_value_cannot_change_a_urls_host(monkeypatch):
+    from envs.templates import EpisodeVars, fill_launch
+
+    monkeypatch.setenv("TENANT_KEY", "sk-tenant-secret-123")
+    manifest = {"mcpServers": {"api": {"url": "http://${sample.tenant}.example.com/mcp/${sample.path}",
+                                       "headers": {"Authorization": "Bearer ${TENANT_KEY}"}, "scope": "episode"}}}
+    spec = load_manifest(manifest).servers["api"]
+    ep = EpisodeVars("e1")
+    good = fill_launch(spec, {"tenant": "acme", "path": "v1"}, ep, "mcpServers.api")
+    assert good.url == "http://acme.example.com/mcp/v1"
+    for tenant in ("127.0.0.1:9/steal?", "evil.com/", "user@evil.com#", "evil.com%2F"):
+        url = fill_launch(spec, {"tenant": tenant, "path": "../../x?y#z"}, ep, "mcpServers.api").url
+        parts = urlsplit(url)
+        assert parts.hostname.endswith(".example.com") and parts.port is None and not parts.username, url
+        assert parts.path.startswith("/mcp/") and parts.path.count("/") == 2 and not parts.query, url
+    with pytest.raises(ValueError, match=r"headers.X-Tenant: the sample's value holds a line break"):
+        bad = load_manifest({"mcpServers": {"api": {"url": "http://h/mcp", "scope": "episode",
+                                                    "headers": {"X-Tenant": "${sample.t}"}}}}).servers["api"]
+        fill_launch(bad, {"t": "a\r\nX-Admin: 1"}, ep, "mcpServers.api")
+
+
+async def test_a_sample_value_starting_with_a_dash_is_not_an_option(tmp_path):
+    stolen = tmp_path / "stolen.json"
+    manifest = {"mcpServers": {"notes": notes("--tag", "t", "${sample.extra}", scope="episode")}}
+    async with ToolEnv.from_manifest(manifest, probe_sample={"extra": "ok"}) as env:
+        await env.list_tools()
+        with pytest.raises(EpisodeError, match=r"args\[3\]: \$\{sample.extra\} gives '--file=.*which the server "
+                                               r"would read as an option"):
+            episode = await env.open_episode({"extra": f"--file={stolen}"})
+            await call(episode, "put", key="k", value="v")  # old code: the server wrote the row's file
+        assert not stolen.exists() and env.metrics()["episode/failed"] == 1
+
+
+async def test_a_sample_value_cannot_climb_out_of_the_episode_directory(tmp_path):
+    manifest = {"mcpServers": {"notes": notes(scope="episode", cwd="${episode.dir}/${sample.sub}",
+                                              env={"NOTES_ENV": "x"}),
+                               "files": notes("--file", "${episode.dir}/${sample.name}", scope="episode", prefix=True)}}
+    async with ToolEnv.from_manifest(manifest, probe_sample={"sub": ".", "name": "n.json"}) as env:
+        await env.list_tools()
+        episode = await env.open_episode({"sub": ".", "name": "n.json"})
+        assert json.loads((await call(episode, "whoami")).text)["cwd"] == os.path.realpath(episode.workdir)
+        await episode.close()
+        with pytest.raises(EpisodeError, match=r"notes.cwd: \$\{episode.dir\}/\$\{sample.sub\} gives .*outside "
+                                               r"the episode's directory"):
+            await env.open_episode({"sub": "../..", "name": "n.json"})
+        with pytest.raises(EpisodeError, match=r"files.args\[2\]: .* outside the episode's directory"):
+            await env.open_episode({"sub": ".", "name": f"../../{tmp_path.name}/x.json"})
+
+
+async def test_files_gives_each_episode_its_own_copy_of_the_samples_file(tmp_path):
+    # A server that writes the file it is given (as PyPI's mcp-server-sqlite does with --db-path): named
+    # directly, every trajectory of the sample shares (and changes) the dataset's own file.
+    notes_file = tmp_path / "row0.json"
+    notes_file.write_text(json.dumps({"seed": "from the dataset"}))
+    shared = {"mcpServers": {"notes": notes("--file", "${sample.notes}", scope="episode")}}
+    async with ToolEnv.from_manifest(shared, probe_sample={"notes": str(notes_file)}) as env:
+        a, b = await asyncio.gather(*(env.open_episode({"notes": str(notes_file)}) for _ in range(2)))
+        await call(a, "put", key="k", value="from a")
+        assert (await call(b, "get", key="k")).text == "from a"  # what files: is for
+        await a.close(), await b.close()
+    notes_file.write_text(json.dumps({"seed": "from the dataset"}))
+    copied = {"mcpServers": {"notes": notes("--file", "${episode.dir}/state/notes.json", scope="episode",
+                                            files={"state/notes.json": "${sample.notes}"})}}
+    async with ToolEnv.from_manifest(copied, probe_sample={"notes": str(notes_file)}) as env:
+        a, b = await asyncio.gather(*(env.open_episode({"notes": str(notes_file)}) for _ in range(2)))
+        assert (await call(a, "put", key="k", value="from a")).ok
+        assert (await call(b, "get", key="k")).text == "(none)"
+        assert [(await call(ep, "get", key="seed")).text for ep in (a, b)] == ["from the dataset"] * 2
+        assert json.loads((Path(a.workdir) / "state" / "notes.json").read_text())["k"] == "from a"
+        with pytest.raises(EpisodeError, match=r"^mcpServers.notes.files.state/notes.json: \$\{sample.notes\} is "
+                                               r"'.*missing.json', which does not exist$"):
+            await env.open_episode({"notes": str(tmp_path / "missing.json")})
+        await a.close(), await b.close()
+    assert json.loads(notes_file.read_text()) == {"seed": "from the dataset"}  # the dataset's file is untouched
+
+
+@pytest.mark.parametrize("entry, message", [
+    (notes(files={"db": "x"}), "files are copied into each episode's ${episode.dir}: they need scope: episode"),
+    (notes(scope="episode", pool=1, files={"db": "x"}), "pool starts processes before their episode exists"),
+    (notes(scope="episode", files={"../db": "x"}), "expected a relative path inside ${episode.dir}"),
+    (notes(scope="episode", files={"/db": "x"}), "expected a relative path inside ${episode.dir}"),
+])
+def test_files_are_checked_when_the_manifest_loads(entry, message):
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        load_manifest({"mcpServers": {"s": entry}})

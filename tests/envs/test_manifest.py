@@ -66,6 +66,24 @@ def test_missing_file_and_bad_syntax(tmp_path):
         load_manifest(bad)
 
 
+def test_yaml_aliases_cannot_blow_a_small_file_up(tmp_path):
+    # nine aliases of nine aliases ...: 376 bytes that expand to 9^7 (4.8 million) strings; it took minutes
+    lines = ["anchors:", "  a: &a [" + ", ".join(["lol"] * 9) + "]"]
+    lines += [f"  {c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdef", "bcdefg")]
+    lines += ["mcpServers:", "  calc:", "    command: python", "    args: *g"]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ManifestError, match=r"bomb.yaml: more than 200000 values once its YAML aliases"):
+        load_manifest(bomb)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("mcpServers: &m\n  calc: {command: python, args: []}\n  again: *m\n")
+    with pytest.raises(ManifestError, match=r"loop.yaml: a YAML alias refers to a value that contains it"):
+        load_manifest(loop)
+    shared = tmp_path / "shared.yaml"  # a few aliases, as people use them: fine
+    shared.write_text("mcpServers:\n  a: &calc {command: python, args: [-m, envs.servers.calculator]}\n  b: *calc\n")
+    assert list(load_manifest(shared).servers) == ["a", "b"]
+
+
 def test_env_interpolation(tmp_path, monkeypatch, error_of, write_manifest):
     monkeypatch.setenv("RLF_TOKEN", "s3cret")
     monkeypatch.delenv("RLF_UNSET", raising=False)

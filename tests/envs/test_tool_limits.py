@@ -152,6 +152,21 @@ async def test_an_sse_server_that_never_sends_its_endpoint_fails_within_the_star
         assert time.perf_counter() - start < 10
 
 
+@pytest.mark.parametrize("pad", [65_546, 200_000 - 2])
+async def test_a_secret_straddling_the_cut_of_a_long_stderr_line_is_scrubbed(tmp_path, write_manifest, fault_server,
+                                                                           pad):
+    os.environ["RLF_LIMITS_API_KEY"] = SECRET
+    try:
+        path = write_manifest(tmp_path, {"faulty": fault_server(env={"SERVICE_KEY": "${RLF_LIMITS_API_KEY}"})})
+        async with ToolEnv.from_manifest(path, log_dir=tmp_path / "tool_logs") as env:
+            assert (await env.call(ToolCall("reveal_split", {"name": "SERVICE_KEY", "pad": pad}))).ok
+        log = (tmp_path / "tool_logs" / "faulty.log").read_text()
+        assert SECRET not in log and SECRET[:4] not in log and log.endswith("x" * 100 + "***\n")
+        assert log.count("x") == pad
+    finally:
+        del os.environ["RLF_LIMITS_API_KEY"]
+
+
 async def test_secrets_never_reach_results_rollouts_or_tool_logs(tmp_path, write_manifest, fault_server):
     from rl_factory.evaluate import write_rollouts
     from rl_factory.types import Trajectory, Turn

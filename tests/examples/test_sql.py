@@ -104,3 +104,21 @@ def test_two_training_steps_on_the_embedded_default(data, two_steps):
         # every trajectory had its own episode; the reward read its rows through it (one call each)
         assert m["episode/opened"] == 4 and m["reward/tool_calls"] == 4 and m.get("episode/failed", 0) == 0
     assert lines[0]["val/reward/tool_calls"] == 2
+
+
+async def test_a_runaway_statement_is_stopped_and_a_huge_value_refused(data):
+    from rl_factory.types import ToolCall
+
+    row = load_dataset(data / "train.jsonl")[0]
+    async with ToolEnv.from_manifest(SQL / "tools.yaml") as env:
+        await env.list_tools()
+        async with env.episode(row) as episode:
+            forever = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+            blob = "SELECT length(randomblob(900000000))"
+            endless, huge, fine = await episode.call_batch([ToolCall("run_sql", {"sql": forever}),
+                                                            ToolCall("run_sql", {"sql": blob}),
+                                                            ToolCall("run_sql", {"sql": "SELECT 1 + 1"})])
+    # the server answered each (its call timeout is 10 s, the statement limit 5 s): it was not wedged
+    assert not endless.ok and "ran past 5 s and was stopped" in endless.text, endless.text
+    assert not huge.ok and "too big" in huge.text, huge.text
+    assert fine.ok and fine.text.splitlines()[-1] == "2"

@@ -5,7 +5,8 @@
 Tools: `sleep` (async), `block` (a sync tool that holds its worker thread), `serial` (serves
 one call at a time, like a tool holding one browser or a database lock), `hang` (never returns), `pid`, `inflight` (calls now running), `noisy` (writes garbage to stdout, then
 answers), `leak` (fails with the value of an environment variable in its message), `reveal`
-(returns it, successfully, and writes it to stderr), `big` (returns a text of `mib` MiB).
+(returns it, successfully, and writes it to stderr), `reveal_split` (writes it to stderr at the end of a
+long line, in two writes split inside it), `big` (returns a text of `mib` MiB).
 `--banner` prints a non-JSON line to stdout before the MCP handshake, as careless servers do;
 `--transport streamable-http|sse --port N` serves over HTTP instead of stdio.
 """
@@ -98,6 +99,19 @@ def reveal(name: str) -> str:
     """Return the value of environment variable `name` (and write it to stderr)."""
     print(f"debug: {name}={os.environ.get(name, '')}", file=sys.stderr, flush=True)
     return f"the key is {os.environ.get(name, '')}"
+
+
+@server.tool()
+def reveal_split(name: str, pad: int) -> str:
+    """Write `pad` bytes and then the value of environment variable `name` to stderr as one line, in two
+    writes split inside the value (a long line's reader may cut it there)."""
+    value = os.environ.get(name, "")
+    sys.stderr.write("x" * pad + value[:4])
+    sys.stderr.flush()
+    time.sleep(0.5)
+    sys.stderr.write(value[4:] + "\n")
+    sys.stderr.flush()
+    return "written"
 
 
 @server.tool()

@@ -1,6 +1,6 @@
 """A tiny stateful MCP server for episode tests: notes kept in this process's memory (and optionally a file).
 
-    python tests/fakes/notes_server.py [--tag TAG] [--file PATH]
+    python tests/fakes/notes_server.py [--tag TAG] [--file PATH] [WORD ...]
 
 `put` and `get` show whether two trajectories share state (they share it exactly when they share the
 process, or the file); `whoami` reports the process id (and its parent's), tag, working directory and NOTES_ENV, so tests can
@@ -58,5 +58,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--tag", default="")
     parser.add_argument("--file", default=None)
+    parser.add_argument("words", nargs="*")  # ignored: a place for a sample value that is not an option
     ARGS = parser.parse_args()
     server.run()

@@ -170,3 +170,21 @@ def test_factory_in_a_reward_file(endpoint, tmp_path):
     reward = build_scorer(RewardConfig(function=f"{path}:judge"))
     value = asyncio.run(reward.score(_traj("brackets", "<answer>Paris</answer>")))
     assert value == pytest.approx(0.8)
+
+
+def test_the_judges_api_key_is_a_secret_even_when_the_endpoint_echoes_it(tmp_path, monkeypatch):
+    from rl_factory.evaluate import write_rollouts
+
+    key = "sk-judge-" + "0123456789abcdef"
+    monkeypatch.setenv("RLF_JUDGE_TEST_KEY", key)
+    with running_chat_endpoint(lambda ep, mode, prompt: f"no verdict for {ep.auth[-1]}") as echo:
+        kwargs = {"model": "fake-judge", "base_url": echo.base_url, "rubric": TEMPLATE, "backoff_s": 0.01,
+                  "max_retries": 0, "api_key_env": "RLF_JUDGE_TEST_KEY"}
+        reward = build_scorer(RewardConfig(functions=[{"function": "rewards.llm_reward:llm_judge", "name": "judge",
+                                                       "kwargs": kwargs}], on_error="zero"))
+        traj = _traj("echo", "<answer>Paris</answer>")
+        asyncio.run(reward.score(traj))
+    assert echo.auth == [f"Bearer {key}"]  # the key was sent, and the endpoint said it back
+    write_rollouts(tmp_path / "step.jsonl", [traj])
+    written = (tmp_path / "step.jsonl").read_text()
+    assert key not in written and "${oc.env:RLF_JUDGE_TEST_KEY}" in written

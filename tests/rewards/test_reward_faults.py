@@ -66,6 +66,14 @@ def as_string(completion):
 
 def as_bool(completion):
     return True
+
+
+def huge(completion):
+    return float(completion)
+
+
+def leaks_key(completion, key):
+    raise RuntimeError("x" * 176 + key)  # the key straddles the 200th character of the kept error
 '''
 
 
@@ -142,6 +150,35 @@ def test_a_reward_must_return_a_real_number(rewards_file, function, shown):
                                        [make_traj()]))
 
 
+@pytest.mark.parametrize("value", ["1e308", "-1e155", "1000000.5"])
+def test_a_reward_outside_the_bound_is_the_one_line_reward_error(rewards_file, value):
+    scorer = build_scorer(RewardConfig(function=f"{rewards_file}:huge"))
+    trajs = [make_traj("1.0", 0), make_traj(value, 1, id="row-7")]
+    with pytest.raises(RewardError, match=r"^reward faulty_rewards.py:huge failed on sample 1 \(id 'row-7'\) .*"
+                                          r"RewardError: reward returned .*, outside \[-1e\+06, 1e\+06\] "
+                                          r"\(reward.max_abs\)") as info:
+        asyncio.run(score_trajectories(scorer, trajs))
+    assert "\n" not in str(info.value)
+    zero = build_scorer(RewardConfig(function=f"{rewards_file}:huge", on_error="zero", max_abs=10.0))
+    trajs = [make_traj("10", 0), make_traj("-11", 1)]
+    metrics = asyncio.run(score_trajectories(zero, trajs))
+    assert [t.reward for t in trajs] == [10.0, 0.0] and metrics["reward/errors"] == 1.0
+    unbounded = build_scorer(RewardConfig(function=f"{rewards_file}:huge", max_abs=None))
+    asyncio.run(score_trajectories(unbounded, trajs := [make_traj("1e300", 0)]))
+    assert trajs[0].reward == 1e300
+
+
+def test_a_reward_error_is_scrubbed_before_it_is_cut(rewards_file):
+    from envs.secrets import protect
+
+    key = "sk-judge-" + "f00dcafe" * 4
+    protect([key])
+    scorer = build_scorer(RewardConfig(function=f"{rewards_file}:leaks_key", on_error="zero"))
+    asyncio.run(score_trajectories(scorer, trajs := [make_traj(key=key)]))
+    error = trajs[0].reward_info["reward_error"]
+    assert error == "RuntimeError: " + "x" * 176 + "***" and key[:6] not in error
+
+
 # ---- judge endpoints --------------------------------------------------------------------------
 
 
@@ -198,6 +235,7 @@ def test_the_verl_reward_worker_goes_through_the_same_scorer(rewards_file, tmp_p
     assert score("calls_exit", "fine")["score"] == 1.0
     assert score("calls_exit", "exit")["score"] == 0.0  # SystemExit: a reward error, not a dead worker
     assert score("as_string", "fine")["score"] == 0.0  # "0.9" is not a score
+    assert score("huge", "1e308")["score"] == 0.0 and score("huge", "1e308", max_abs=None)["score"] == 1e308
     # the per-turn process reward runs under reward.timeout_s too (it used to wait however long it took)
     slow = score("calls_exit", "fine", timeout_s=0.2, process={"function": f"{per_turn}:slow"})
     assert slow["score"] == 1.0 and slow["reward/process/errors"] == 1.0
