@@ -3,7 +3,8 @@
 Every row comes back as the original columns plus `messages`, the prompt as a chat list. A
 string prompt becomes `[system?, user]`; a prompt that already is a chat list is validated and
 kept, with `system_prompt` prepended only when it has no system message of its own. `answer`
-is copied from `answer_key` (None when the row has none) so rewards can always name `answer`.
+is copied from `answer_key` (None when the row has none) so rewards can always name `answer`. The list
+that comes back (`Rows`) knows where each row came from, so a later check can name "file row k".
 
 Errors name the file and the line (JSONL) or row (Parquet) so a bad row in a 100k-line file
 is found at once. `PromptSampler` reshuffles deterministically per epoch and checkpoints its
@@ -76,9 +77,24 @@ READERS: dict[str, Callable[[Path], Iterator[tuple[str, Any]]]] = {
 }
 
 
+class Rows(list):
+    """The rows of `load_dataset`, a plain list that also knows each row's file and index in it."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]] = (), origins: Sequence[tuple[Path, int]] = ()):
+        super().__init__(rows)
+        self.origins = list(origins)
+
+    def origin(self, i: int) -> str:
+        """Row `i` as "<file> row <index in that file>" (0-based, as a dataframe counts)."""
+        if i < len(self.origins):
+            path, k = self.origins[i]
+            return f"{path} row {k}"
+        return f"row {i}"
+
+
 def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "prompt",
                  answer_key: str = "answer", system_prompt: str | None = None,
-                 limit: int | None = None) -> list[dict[str, Any]]:
+                 limit: int | None = None) -> Rows:
     """Read prompt rows from one or more JSONL / JSON / Parquet files.
 
     Args:
@@ -89,14 +105,14 @@ def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "pr
         limit: keep at most this many rows in total.
 
     Returns:
-        One dict per row: the original columns, plus `messages` and `answer`.
+        One dict per row: the original columns, plus `messages` and `answer` (a `Rows` list).
 
     Raises:
         DatasetError: missing file, unknown extension, malformed JSON, a row without the
             prompt field, a malformed chat message, or no rows at all.
     """
     paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
-    rows: list[dict[str, Any]] = []
+    rows = Rows()
     for path in paths:
         if limit is not None and len(rows) >= limit:
             break
@@ -106,14 +122,13 @@ def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "pr
                                f"supported: {sorted(READERS)}")
         if not path.is_file():
             raise DatasetError(f"dataset file not found: {path} (looked at {path.resolve()})")
-        for where, raw in reader(path):
+        for k, (where, raw) in enumerate(reader(path)):
             rows.append(_to_row(raw, where, prompt_key, answer_key, system_prompt))
+            rows.origins.append((path, k))
             if limit is not None and len(rows) >= limit:
                 break
     if not rows:
         raise DatasetError(f"no rows in {', '.join(map(str, paths))}")
-    if not any(r["answer"] is not None for r in rows):
-        logger.warning("no row has the answer field %r; rewards will see answer=None", answer_key)
     return rows
 
 
