@@ -88,3 +88,14 @@ def test_no_answer_anywhere_is_one_warning_for_a_reward_whose_answer_is_optional
     logging.getLogger("rl_factory").removeHandler(caplog.handler)
     assert [r.getMessage() for r in caplog.records] == [
         "no row has the answer column 'answer' (data.answer_key): reward optional.py:reward gets answer=None"]
+
+
+def test_the_verl_launcher_checks_before_it_writes_the_parquet_files(tmp_path):
+    from rl_factory.backends.verl.data import convert
+    from rl_factory.components import DataConfig
+
+    cfg = DataConfig(train_files=str(partial(tmp_path)), val_files=str(write(tmp_path / "v.jsonl", ROWS[:2])))
+    fn = scorer(reward_file(tmp_path, "def reward(completion, answer):\n    return 1.0\n"))
+    with pytest.raises(MissingColumn, match=r"partial.jsonl row 7 has no 'answer' column"):
+        convert(cfg, tmp_path / "verl_data", reward=fn)
+    assert not (tmp_path / "verl_data").exists()
