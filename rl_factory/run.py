@@ -273,7 +273,9 @@ def setup_logging(log_file: Path | None = None, level: int = logging.INFO) -> No
     QUIET.setLevel(level)
     pending = sorted((r for logger in (root, QUIET) for h in logger.handlers if isinstance(h, _Pending)
                       for r in h.records), key=lambda r: r.created)
-    once = next((f for h in root.handlers for f in h.filters if isinstance(f, _Once)), None) or _Once()
+    # a run's warnings are said once: the call that adds its train.log keeps what the run's first call saw
+    kept = next((f for h in root.handlers for f in h.filters if isinstance(f, _Once)), None)
+    once = kept if kept is not None and log_file is not None else _Once()
     for logger in (root, QUIET):
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

@@ -40,3 +40,11 @@ def test_each_warning_is_printed_once_and_logged_every_time(tmp_path, capsys):
     assert err.count("no row has the answer column") == 1 and err.count("another warning") == 1
     assert err.count("info lines are never held back") == 2
     assert (tmp_path / "train.log").read_text().count("no row has the answer column") == 3
+
+
+def test_a_new_run_in_the_same_process_says_its_warnings_again(capsys):
+    setup_logging()
+    logging.getLogger("rl_factory").warning("said by the first run")
+    setup_logging()  # what the entry point does at the start of each run
+    logging.getLogger("rl_factory").warning("said by the first run")
+    assert capsys.readouterr().err.count("said by the first run") == 2
