@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Evaluate a model or checkpoint with the same tools and reward as training (greedy by default):
+#   bash main_eval.sh                  # the last checkpoint of the run main_grpo.sh trains (same overrides)
 #   bash main_eval.sh model.path=outputs/calculator_grpo/checkpoints/step_000040
 #   bash main_eval.sh model.path=Qwen/Qwen3-0.6B eval.files=test.jsonl eval.n=4 eval.temperature=1.0
 # Prints accuracy, mean reward, average turns, tool-call rates (with tools) and how episodes stopped

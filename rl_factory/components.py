@@ -6,6 +6,7 @@ checkpoint exactly as validation during training did.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,15 @@ from envs import ToolEnv, get_parser
 from envs.environment import load_environment
 from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
-from rl_factory.data import load_dataset
+from rl_factory.data import DatasetError, Rows, load_dataset
 from rl_factory.engines.hf import HFEngine
 from rl_factory.errors import ConfigError
 from rl_factory.pipeline.rollouts import PipelineConfig
 from rl_factory.rollout import Agent, RolloutConfig
 from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)
+from rewards.loader import REWARD_ARGS
+
+log = logging.getLogger("rl_factory")
 
 
 @dataclass
@@ -120,3 +124,57 @@ async def closing_engine(agent: Agent):
         yield agent
     finally:
         await agent.engine.close()
+
+
+class MissingColumn(DatasetError):
+    """A row lacks a column the reward needs; `arg` is the reward's argument, `column` the dataset's."""
+
+    def __init__(self, message: str, arg: str, column: str, have: int):
+        super().__init__(message)
+        self.arg, self.column, self.have = arg, column, have  # have: rows of that set that do have it
+
+
+ANSWER_ARGS = ("answer", "ground_truth")  # reward arguments that hold the row's answer (ours, verl's)
+
+
+def check_reward_columns(reward: Any, sets: Mapping[str, list[dict]], answer_key: str = "answer") -> None:
+    """Every row of every set has the columns the reward's functions need, before anything runs.
+
+    A required argument that is not a standard one (`REWARD_ARGS`) is a column every row must have; a
+    required `answer` or verl's `ground_truth` (`ANSWER_ARGS`: always passed, None for a row without
+    `answer_key`) must have a value in every row.
+    Arguments with a default, `**kwargs` and arguments fixed by the config ask for nothing (a reward that
+    names `answer` with a default, when no row has one, gets one warning).
+
+    Args:
+        reward: the run's `Scorer` (its `components`).
+        sets: config key (data.train_files, ...) -> its rows (a `Rows` names the file and row).
+
+    Raises:
+        MissingColumn: one line naming the first such row (file and row index), the column and the reward.
+    """
+    for key, rows in sets.items():
+        for component in reward.components:
+            fn = component.fn
+            needed = [a for a in fn.required if a not in REWARD_ARGS or a in ANSWER_ARGS]
+            for i, row in enumerate(rows):
+                absent = [a for a in needed if (row.get("answer") is None if a in ANSWER_ARGS else a not in row)]
+                if absent:
+                    raise _missing(fn.name, absent[0], key, rows, i, answer_key)
+    optional = [c.fn.name for c in reward.components if "answer" in c.fn.arg_names and "answer" not in c.fn.required]
+    if optional and not any(r.get("answer") is not None for rows in sets.values() for r in rows):
+        log.warning("no row has the answer column %r (data.answer_key): reward %s gets answer=None", answer_key,
+                    optional[0])
+
+
+def _missing(name: str, arg: str, key: str, rows: list[dict], i: int, answer_key: str) -> MissingColumn:
+    column = answer_key if arg in ANSWER_ARGS else arg
+    have = sum(1 for r in rows if (r.get("answer") is not None if arg in ANSWER_ARGS else arg in r))
+    where = rows.origin(i) if isinstance(rows, Rows) else f"{key} row {i}"
+    # `answer` is the copy of answer_key that every row gets: shown only as the file's own column
+    shown = sorted(k for k, v in rows[i].items()
+                   if k != "messages" and (k != "answer" or (answer_key == "answer" and v is not None)))
+    how = f"as `{arg}`, from data.answer_key" if arg in ANSWER_ARGS else f"as `{arg}`"
+    message = (f"{where} has no {column!r} column, which reward {name} needs ({how}); {have} of {len(rows)} "
+               f"rows of {key} have it; this row's columns: {shown[:8]}")
+    return MissingColumn(message, arg, column, have)

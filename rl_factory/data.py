@@ -6,8 +6,9 @@ kept, with `system_prompt` prepended only when it has no system message of its o
 is copied from `answer_key` (None when the row has none) so rewards can always name `answer`.
 `answer_key` may be a dotted path into nested columns (`reward_model.ground_truth`); with the
 default key, a row without an `answer` column takes verl's `reward_model.ground_truth`, so a
-dataset written by verl's preprocessing scripts loads as it is. The returned `Rows` count which
-column each row's answer came from (`answer_paths`; the doctor prints it).
+dataset written by verl's preprocessing scripts loads as it is. The list that comes back (`Rows`)
+knows where each row came from, so a later check can name "file row k", and counts which column
+each row's answer came from (`answer_paths`; the doctor prints it).
 
 Errors name the file and the line (JSONL) or row (Parquet) so a bad row in a 100k-line file
 is found at once. `PromptSampler` reshuffles deterministically per epoch and checkpoints its
@@ -85,12 +86,21 @@ READERS: dict[str, Callable[[Path], Iterator[tuple[str, Any]]]] = {
 
 
 class Rows(list):
-    """The rows `load_dataset` read, plus `answer_paths`: how many rows took their `answer` from
-    which column (`answer_path`; None: no answer)."""
+    """The rows `load_dataset` read: a plain list that also knows each row's file and index in it
+    (`origins`) and how many rows took their `answer` from which column (`answer_paths`; None: no answer)."""
 
-    def __init__(self, rows: Sequence[dict[str, Any]] = (), answer_paths: Counter | None = None):
+    def __init__(self, rows: Sequence[dict[str, Any]] = (), origins: Sequence[tuple[Path, int]] = (),
+                 answer_paths: Counter | None = None):
         super().__init__(rows)
+        self.origins = list(origins)
         self.answer_paths: Counter = answer_paths if answer_paths is not None else Counter()
+
+    def origin(self, i: int) -> str:
+        """Row `i` as "<file> row <index in that file>" (0-based, as a dataframe counts)."""
+        if i < len(self.origins):
+            path, k = self.origins[i]
+            return f"{path} row {k}"
+        return f"row {i}"
 
 
 def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "prompt",
@@ -107,8 +117,8 @@ def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "pr
         limit: keep at most this many rows in total.
 
     Returns:
-        One dict per row: the original columns, plus `messages` and `answer`; `answer_paths` counts
-        where the answers came from.
+        One dict per row: the original columns, plus `messages` and `answer` (a `Rows` list;
+        `answer_paths` counts where the answers came from).
 
     Raises:
         DatasetError: missing file, unknown extension, malformed JSON, a row without the
@@ -125,17 +135,16 @@ def load_dataset(files: str | Path | Sequence[str | Path], prompt_key: str = "pr
                                f"supported: {sorted(READERS)}")
         if not path.is_file():
             raise DatasetError(f"dataset file not found: {path} (looked at {path.resolve()})")
-        for where, raw in reader(path):
-            row, path = _to_row(raw, where, prompt_key, answer_key, system_prompt)
-            rows.answer_paths[path] += 1
+        for k, (where, raw) in enumerate(reader(path)):
+            row, answer_path = _to_row(raw, where, prompt_key, answer_key, system_prompt)
+            rows.answer_paths[answer_path] += 1
             rows.append(row)
+            rows.origins.append((path, k))
             if limit is not None and len(rows) >= limit:
                 break
     if not rows:
         raise DatasetError(f"no rows in {', '.join(map(str, paths))}")
-    if not any(r["answer"] is not None for r in rows):
-        logger.warning("no row has the answer field %r; rewards will see answer=None", answer_key)
-    elif rows.answer_paths.get(VERL_ANSWER_PATH):
+    if rows.answer_paths.get(VERL_ANSWER_PATH):
         logger.info("answer: from %s in %d row(s) (verl's dataset layout; no %r column)",
                     VERL_ANSWER_PATH, rows.answer_paths[VERL_ANSWER_PATH], answer_key)
     return rows

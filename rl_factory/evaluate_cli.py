@@ -1,4 +1,9 @@
-"""`main_eval.sh`: evaluate a model or checkpoint with the training config's tools and reward."""
+"""`main_eval.sh`: evaluate a model or checkpoint with the training config's tools and reward.
+
+With no `model.path`, the model is the last checkpoint of the run the same config would train
+(`trainer.output_dir`, as `main_grpo.sh` with the same overrides), so `bash main_grpo.sh ...` followed by
+`bash main_eval.sh ...` evaluates what was just trained; `model_path` says which one in one line.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory import analysis
+from rl_factory import checkpoint as ckpt
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
-                                   closing_engine, load_rows, open_env)
+                                   check_reward_columns, closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
 from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
@@ -77,13 +83,37 @@ def _output_dir(e: EvalConfig, model_path: str) -> Path:
     return Path("outputs") / "eval"
 
 
+def model_path(cfg) -> str:
+    """`model.path`, or when it is null the last checkpoint in `trainer.output_dir` (written into `cfg`, so
+    the evaluation's config.yaml and results name it), said in one line.
+
+    Raises:
+        ConfigError: no model.path and no checkpoint there; the message says how to train one or what to pass.
+    """
+    given = cfg.model.path
+    if given is not None:
+        return str(given)
+    run_dir = Path(cfg.trainer.output_dir)
+    latest = ckpt.latest_checkpoint(run_dir)
+    if latest is None:
+        raise ConfigError(f"no model.path given and {run_dir} has no checkpoint to evaluate: train one with "
+                          "`bash main_grpo.sh` (with the same overrides), or pass model.path=<checkpoint dir, hub id, "
+                          "or builtin:tiny-calculator for the untrained default>")
+    cfg.model.path = str(latest)
+    log.info("evaluating %s: the last checkpoint of the run in %s (model.path=... evaluates another model)",
+             latest, run_dir)
+    return cfg.model.path
+
+
 async def _run_eval(cfg) -> dict[str, Any]:
+    model_path(cfg)
     e = section(cfg, "eval", EvalConfig)
     model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
     env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
     roll_cfg = section(cfg, "rollout", SamplingConfig)
     reward_fn = build_scorer(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
+    check_reward_columns(reward_fn, {"eval.files": rows}, data_cfg.answer_key)
     other = _load_compare(e.compare)  # a bad eval.compare fails before any rollout
     out = _output_dir(e, model_cfg.path)
     # the servers' logs stay in anonymous files until the model loads

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -224,26 +225,77 @@ class _Pending(logging.Handler):
         self.records.append(record)
 
 
+class _Once(logging.Filter):
+    """Lets each warning's text through once: a warning said per file or per component (train and val rows,
+    the policy and its reference) is said once on the console; train.log keeps every one."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
+# Where third-party deprecation warnings go: train.log only (a user can do nothing about a library's
+# FutureWarning, such as transformers' on past_key_values; it would be repeated on every run's console).
+QUIET = logging.getLogger("rl_factory.quiet")
+DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+_OURS = tuple(str(Path(__file__).resolve().parents[1] / pkg) for pkg in ("rl_factory", "envs", "rewards", "examples"))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, DEPRECATIONS) and not str(Path(filename).resolve()).startswith(_OURS):
+        QUIET.warning("%s:%s: %s: %s", filename, lineno, category.__name__, message)
+        return
+    _shown_before(message, category, filename, lineno, file, line)
+
+
+_shown_before = warnings.showwarning  # what showed warnings before setup_logging (Python's own, or a test's)
+
+
 def setup_logging(log_file: Path | None = None, level: int = logging.INFO) -> None:
-    """Console logging, plus `log_file` (train.log) with every record logged since the last call without one."""
+    """Console logging, plus `log_file` (train.log) with every record logged since the last call without one.
+
+    Each warning is printed on the console once; third-party deprecation warnings go to train.log only.
+    """
+    global _shown_before
     root = logging.getLogger("rl_factory")
     root.setLevel(level)
     root.propagate = False
-    pending = [r for h in root.handlers if isinstance(h, _Pending) for r in h.records]
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
+    QUIET.propagate = False
+    QUIET.setLevel(level)
+    pending = sorted((r for logger in (root, QUIET) for h in logger.handlers if isinstance(h, _Pending)
+                      for r in h.records), key=lambda r: r.created)
+    # a run's warnings are said once: the call that adds its train.log keeps what the run's first call saw
+    kept = next((f for h in root.handlers for f in h.filters if isinstance(f, _Once)), None)
+    once = kept if kept is not None and log_file is not None else _Once()
+    for logger in (root, QUIET):
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+    if warnings.showwarning is not _show_warning:
+        _shown_before, warnings.showwarning = warnings.showwarning, _show_warning
     console = _TqdmHandler()
     console.setFormatter(logging.Formatter("%(message)s"))
+    console.addFilter(once)
     root.addHandler(console)
     if log_file is None:
         root.addHandler(_Pending())
+        QUIET.addHandler(_Pending())
         return
     file = logging.FileHandler(log_file, encoding="utf-8")
     file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     for record in pending:
         file.handle(record)
     root.addHandler(file)
+    QUIET.addHandler(file)
 
 
 class StepProgress:

@@ -33,7 +33,7 @@ from rl_factory.algorithms.advantages import assign_advantages, get_advantage, r
 from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
-                                   closing_engine, load_rows, open_env)
+                                   check_reward_columns, closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
 from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
@@ -101,6 +101,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     arena = _build_arena(alg, scorer)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
+    check_reward_columns(scorer, {"data.train_files": train_rows, "data.val_files": val_rows}, data_cfg.answer_key)
     sampler = PromptSampler(train_rows, data_cfg.train_batch_size, seed=seed)
     train_params = SamplingParams(roll_cfg.temperature, roll_cfg.top_p, roll_cfg.max_response_tokens)
     val_params = SamplingParams(roll_cfg.val_temperature, 1.0, roll_cfg.max_response_tokens)

@@ -4,6 +4,7 @@ The broken setups are the tiny model's own tokenizer with a modified chat templa
 config, data or reward changed to break one thing: nothing is mocked.
 """
 import asyncio
+import json
 import re
 import subprocess
 
@@ -143,6 +144,23 @@ def test_data_without_the_columns_the_reward_names(tiny_model_dir, tmp_path):
     assert checks["reward scores a row"].status == SKIP
 
 
+def test_an_answer_column_some_rows_lack_is_named_with_its_row_and_said_right(tiny_model_dir, tmp_path):
+    rows = [json.loads(line) for line in (REPO / "examples/calculator/data/train.jsonl").read_text().splitlines()[:10]]
+    for row in rows[7:]:
+        del row["answer"]
+    data = tmp_path / "partial.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, checks = doctor(*base(tiny_model_dir, tmp_path), f"data.train_files={data}")
+    assert checks["data"].status == FAIL
+    assert checks["data"].detail == (
+        f"{data} row 7 has no 'answer' column, which reward exact_match.py:numeric_exact_match needs (as `answer`, "
+        "from data.answer_key); 7 of 10 rows of data.train_files have it; this row's columns: ['kind', 'prompt']")
+    assert checks["data"].fix == "give every row a value in column 'answer', or drop the rows without one"
+    # the checks that need the rows say so in the table's words, not by internal names
+    assert checks["token stream"].detail == "not run: needs the data check to pass"
+    assert checks["reward scores a row"].detail == "not run: needs the data check to pass"
+
+
 def test_reward_that_raises_and_a_server_that_does_not_start(tiny_model_dir, tmp_path):
     reward = tmp_path / "raising.py"
     reward.write_text("def reward(completion, answer):\n    raise ValueError('no score today')\n")
@@ -158,6 +176,7 @@ def test_a_config_typo_fails_first_and_skips_the_rest(tmp_path):
     report, checks = doctor("trainer.totl_steps=3")
     assert checks["config"].status == FAIL and "totl_steps" in checks["config"].detail
     assert all(c.status == SKIP for c in report.checks[1:])
+    assert checks["chat template"].detail == "not run: needs the config and tools checks to pass"
 
 
 @pytest.mark.parametrize("script", ["main_grpo.sh", "main_eval.sh"])

@@ -76,7 +76,7 @@ class Doctor:
                 continue
             missing = [n for n in needs if n not in self.state]
             if missing:
-                self.report.checks.append(CheckResult(name, SKIP, f"needs {', '.join(missing)}"))
+                self.report.checks.append(CheckResult(name, SKIP, checks.skipped(missing)))
                 continue
             await self._run_one(name, fn)
         return self.report

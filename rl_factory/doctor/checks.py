@@ -1,7 +1,8 @@
 """The doctor's checks, in the order they run. Each returns a one-line detail or raises CheckFailed.
 
 A check reads what earlier ones left in `doctor.state` and adds what later ones need (`needs`
-names the keys; a check whose keys are missing is skipped). Nothing here writes into the run
+names the keys, `gives` the ones it adds; a check whose keys are missing is skipped, and its row names
+the checks that give them). Nothing here writes into the run
 directory or loads model weights: the tools' logs go to temporary files and the tokenizer is all of
 the model that is read (the built-in model's is built without training it).
 """
@@ -14,8 +15,8 @@ from typing import Any
 from rl_factory.doctor import template
 
 CHECKS: list[tuple[str, Any, tuple[str, ...]]] = []
+GIVEN_BY: dict[str, str] = {}  # state key -> the check that puts it there
 PROMPT_ROWS = 256  # rows whose prompts are rendered to find the longest
-ANSWER_ARGS = ("answer", "ground_truth")  # reward arguments that hold the row's answer (ours, verl's)
 
 
 class CheckFailed(Exception):
@@ -24,14 +25,22 @@ class CheckFailed(Exception):
         self.detail, self.fix = detail, fix
 
 
-def check(name: str, needs: tuple[str, ...] = ()):
+def check(name: str, needs: tuple[str, ...] = (), gives: tuple[str, ...] = ()):
     def register(fn):
         CHECKS.append((name, fn, needs))
+        GIVEN_BY.update(dict.fromkeys(gives, name))
         return fn
     return register
 
 
-@check("config")
+def skipped(missing: list[str]) -> str:
+    """A skipped check's row, in the words of the table: the checks that had to pass first."""
+    names = list(dict.fromkeys(GIVEN_BY.get(key, key) for key in missing))
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"not run: needs the {listed} check{'s' if len(names) > 1 else ''} to pass"
+
+
+@check("config", gives=("model", "data", "env_cfg", "reward_cfg", "rollout", "trainer", "eval", "cfg"))
 async def config(doc) -> str:
     from rl_factory.algorithms.advantages import get_advantage
     from rl_factory.algorithms.losses import get_policy_loss
@@ -49,6 +58,9 @@ async def config(doc) -> str:
         if theirs and backend != "verl":
             load_config("grpo", doc.overrides)  # names the unknown key
         s = doc.state
+        if doc.mode == "eval":
+            from rl_factory.evaluate_cli import model_path
+            model_path(cfg)  # null: the last checkpoint of the run this config trains
         s["model"], s["data"] = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
         s["env_cfg"], s["reward_cfg"] = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
         s["rollout"] = section(cfg, "rollout", SamplingConfig)
@@ -91,7 +103,7 @@ async def run_directory(doc) -> str:
     return f"a new run in {run.path}"
 
 
-@check("reward loads", needs=("reward_cfg",))
+@check("reward loads", needs=("reward_cfg",), gives=("reward",))
 async def reward_loads(doc) -> str:
     from rewards.scorer import build_scorer
 
@@ -106,10 +118,9 @@ async def reward_loads(doc) -> str:
             + "".join(f"; {v}" for v in verl))
 
 
-@check("data", needs=("data", "reward"))
+@check("data", needs=("data", "reward"), gives=("rows", "all_rows", "first_rows"))
 async def data(doc) -> str:
-    from rewards.loader import REWARD_ARGS
-    from rl_factory.components import load_rows
+    from rl_factory.components import ANSWER_ARGS, MissingColumn, check_reward_columns, load_rows
 
     d = doc.state["data"]
     sets = ({"data.train_files": (d.train_files, None), "data.val_files": (d.val_files, d.val_limit)}
@@ -122,20 +133,14 @@ async def data(doc) -> str:
             raise CheckFailed(f"{key}: {one_line(exc)}", f"fix {key} or the row it names")
         if not loaded[key]:
             raise CheckFailed(f"{key}: no rows in {files}")
-    for key, rows in loaded.items():
-        for component in doc.state["reward"].components:
-            fn = component.fn
-            needed = [a for a in fn.required if a not in REWARD_ARGS or a in ANSWER_ARGS]
-            for i, row in enumerate(rows):
-                absent = [a for a in needed if row.get("answer" if a in ANSWER_ARGS else a) is None]
-                if absent:
-                    column = d.answer_key if absent[0] in ANSWER_ARGS else absent[0]
-                    raise CheckFailed(
-                        f"{key} row {i} has no {column!r} column, which reward {fn.name} needs (as `{absent[0]}`); "
-                        f"row columns: {sorted(k for k in row if k != 'messages')[:8]}",
-                        "set data.answer_key to the answer column (a dotted path such as reward_model.ground_truth "
-                        "reads a nested one)" if absent[0] in ANSWER_ARGS else
-                        f"add {column!r} to every row, or give the reward a default for it")
+    try:
+        check_reward_columns(doc.state["reward"], loaded, d.answer_key)
+    except MissingColumn as exc:
+        fix = (f"give every row a value in column {exc.column!r}, or drop the rows without one" if exc.have else
+               "set data.answer_key to the answer column (a dotted path such as reward_model.ground_truth reads "
+               "a nested one)" if exc.arg in ANSWER_ARGS else
+               f"add {exc.column!r} to every row, or give the reward a default for it")
+        raise CheckFailed(str(exc), fix)
     doc.state["rows"] = next(iter(loaded.values())) if doc.mode == "eval" else loaded["data.val_files"]
     doc.state["all_rows"] = [r for rows in loaded.values() for r in rows]
     doc.state["first_rows"] = next(iter(loaded))  # which file all_rows[0] is row 0 of
@@ -158,7 +163,7 @@ def _answer_source(loaded: dict[str, Any], answer_key: str) -> str:
     return f"answer from {' and '.join(words)}{missing}"
 
 
-@check("environment", needs=("env_cfg",))
+@check("environment", needs=("env_cfg",), gives=("environment", "env_opening"))
 async def environment(doc) -> str | None:
     """With `env.environment`: the class loads with its hooks `async def`, and one instance's `reset` of the
     first data row returns messages (rendered with the prompt by "tool schemas fit"). No row without one."""
@@ -204,7 +209,7 @@ async def environment(doc) -> str | None:
             f"message(s){roles} after the prompt; {kept}")
 
 
-@check("tools", needs=("env_cfg",))
+@check("tools", needs=("env_cfg",), gives=("env", "tools"))
 async def tools(doc) -> str:
     from dataclasses import replace
 
@@ -331,7 +336,7 @@ def _short(text: str) -> str:
     return repr(text if len(text) <= 20 else text[:17] + "...")
 
 
-@check("chat template", needs=("model", "tools"))
+@check("chat template", needs=("model", "tools"), gives=("fmt",))
 async def chat_template(doc) -> str:
     from rl_factory.chat import ChatFormat
 

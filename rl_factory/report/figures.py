@@ -39,8 +39,12 @@ def _has_points(fig: dict) -> bool:
 
 
 def _layout(title: str, y: str = "", **extra: Any) -> dict:
-    return {"title": {"text": title, "font": {"size": 14}}, "xaxis": {"title": {"text": "step"}, "tickformat": "d"},
-            "yaxis": {"title": {"text": y}}, "margin": {"l": 55, "r": 15, "t": 40, "b": 90}, "height": 330,
+    # The title sits at the top left, above the plot area; plotly's toolbar (shown on hover, report.js) takes the
+    # top right, so neither covers the other.
+    return {"title": {"text": title, "font": {"size": 14}, "x": 0, "xref": "paper", "xanchor": "left",
+                      "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 10}},
+            "xaxis": {"title": {"text": "step"}, "tickformat": "d"},
+            "yaxis": {"title": {"text": y}}, "margin": {"l": 55, "r": 15, "t": 48, "b": 90}, "height": 330,
             "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "font": {"size": 10}},
             "hovermode": "x unified", **extra}
 

@@ -1,6 +1,7 @@
 """The trajectory browser's data: the rollout files, flattened to what a person filters and reads.
 
-Each trajectory becomes one compact record: where it came from (run, split, step), its outcome
+Each trajectory becomes one compact record: where it came from (run, split, step, and its group: the
+prompt's place in the step and the trajectory's among that prompt's rollouts), its outcome
 (reward, components, advantage, stop reason), its tool-call failures by kind, and the messages with
 tool calls and tool results kept apart. Long message texts are cut at `MAX_TEXT_CHARS` (visibly).
 A run with more trajectories than the page can hold keeps every validation/eval trajectory and an
@@ -8,6 +9,7 @@ even share of each training step's, so early and late behaviour stay comparable.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,11 +40,32 @@ def browser_records(runs: list[RunData], max_trajectories: int = DEFAULT_MAX_TRA
         indices = range(len(rows))
         if quota is not None and split == "train" and len(rows) > quota:
             indices = [int(i * len(rows) / quota) for i in range(quota)]
+        groups = group_positions(rows)
         for i in indices:
             row = _json_line(rows[i])
             if row is not None:
-                records.append(_record(run.name, split, step, i, row))
+                records.append({**_record(run.name, split, step, i, row), "group": groups[i][0], "rollout": groups[i][1]})
     return records, total
+
+
+_SAMPLE_INDEX = re.compile(rb'^\{"sample_index": (-?\d+|null)')
+
+
+def group_positions(rows: list[bytes]) -> list[tuple[int, int]]:
+    """(group, rollout) of each line of a rollouts file: a step's file holds each prompt's n rollouts one after
+    another, so a group is a run of lines with the same sample_index (read from the line's head, which
+    `trajectory_record` writes first: no line is parsed for it)."""
+    out: list[tuple[int, int]] = []
+    previous, group, rollout = None, -1, 0
+    for line in rows:
+        match = _SAMPLE_INDEX.match(line)
+        key = match.group(1) if match else line  # a line written otherwise is its own group
+        if key == previous:
+            rollout += 1
+        else:
+            group, rollout, previous = group + 1, 0, key
+        out.append((group, rollout))
+    return out
 
 
 def _json_line(line: bytes) -> dict | None:

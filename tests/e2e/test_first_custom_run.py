@@ -128,6 +128,7 @@ def test_report_in_a_headless_browser(first_run, browser):
 
     # A trajectory with a tool call shows the call and its result apart from the text.
     page.select_option("#f-split", "train")
+    page.select_option("#f-sort", "step")  # oldest first: the order of the rollout files
     rows = page.locator("#traj-list tbody tr")
     shown = []
     for i in range(min(rows.count(), 40)):

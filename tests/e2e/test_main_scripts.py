@@ -172,6 +172,20 @@ def test_eval_script_scores_the_checkpoint(trained):
     assert no_server_left(trained["marker"]), calculator_pids(trained["marker"])
 
 
+def test_eval_with_no_model_scores_the_last_checkpoint_of_the_run_the_config_trains(trained):
+    assert trained["result"].returncode == 0
+    out, run = trained["tmp"] / "eval_default", trained["run_dir"]
+    result = run_script("main_eval.sh", f"trainer.output_dir={run}", "eval.limit=2", f"eval.output_dir={out}",
+                        f"env.tools={trained['manifest']}", "rollout.max_response_tokens=32", "model.device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = run / "checkpoints" / "step_000002"
+    said = [line for line in result.stderr.splitlines() if line.startswith("evaluating ")]
+    assert said[0] == (f"evaluating {ckpt}: the last checkpoint of the run in {run} "
+                       "(model.path=... evaluates another model)")
+    assert strict_json((out / "results.json").read_text())["model"] == str(ckpt)
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["path"] == str(ckpt)
+
+
 # ---- bad input: exit 2, one line naming the problem, no traceback --------------------------------
 
 def _missing_manifest(tmp):

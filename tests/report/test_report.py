@@ -1,9 +1,11 @@
 """The report's data and figures from run directories the project's own writers produced."""
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +155,63 @@ def test_report_build_shows_a_progress_bar_on_a_terminal(arena_run, tmp_path):
                                     str(tmp_path / "r.html")], cwd=tmp_path)
     assert code == 0, screen
     assert re.search(r"report: 100%\|.*\| 5/5 \[", screen), screen  # 3 training + 2 validation files
+
+
+def test_each_trajectory_knows_its_group_and_its_place_in_it(arena_run):
+    records, _ = browser_records([load_run(arena_run)])
+    step3 = [(r["group"], r["rollout"]) for r in records if r["split"] == "train" and r["step"] == 3]
+    assert step3 == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]  # two prompts x 4 rollouts
+    val = [(r["group"], r["rollout"]) for r in records if r["split"] == "val" and r["step"] == 3]
+    assert val == [(0, 0), (0, 1)]  # the fixture's validation file holds one prompt's first two rollouts
+
+
+# ---- in a browser (Debian's chromium, driven by playwright) ---------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def page(arena_run):  # after arena_run, whose asyncio.run cannot run inside playwright's event loop
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium (.ci/run does)")
+        pytest.skip("no /usr/bin/chromium (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()
+
+
+def _boxes_overlap(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
+        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def test_the_browser_opens_on_the_last_training_step_with_groups_and_readable_titles(arena_run, page):
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(write_report(arena_run).as_uri())
+    page.wait_for_selector(".chart .main-svg")
+
+    # opens on the last training step (step 3), not on a validation trajectory of it or on the first step
+    assert page.inner_text("#traj-detail .meta div >> nth=0").startswith("run arena_run · train step 3 · group 0, rollout 0")
+    header = page.eval_on_selector_all("#traj-list thead th", "ths => ths.map(t => t.textContent)")
+    first = page.eval_on_selector_all("#traj-list tbody tr:nth-child(-n+5)", "rows => rows.map(r => "
+                                      "Array.from(r.cells).map(c => c.textContent))")
+    col = {name: header.index(name) for name in ("split", "step", "group", "rollout")}
+    assert [(r[col["split"]], r[col["step"]], r[col["group"]], r[col["rollout"]]) for r in first] == [
+        ("train", "3", "0", "0"), ("train", "3", "0", "1"), ("train", "3", "0", "2"), ("train", "3", "0", "3"),
+        ("train", "3", "1", "0")]
+
+    # each chart's title stays clear of plotly's toolbar, which shows while the pointer is over the chart
+    charts = page.locator(".chart")
+    assert charts.count() >= 8
+    for i in range(charts.count()):
+        chart = charts.nth(i)
+        chart.scroll_into_view_if_needed()
+        chart.hover()
+        title, bar = chart.locator(".gtitle").bounding_box(), chart.locator(".modebar").bounding_box()
+        assert title and bar and not _boxes_overlap(title, bar), (chart.get_attribute("id"), title, bar)
+    assert errors == []

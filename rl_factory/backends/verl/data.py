@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl_factory.components import DataConfig, load_rows
+from rl_factory.components import DataConfig, check_reward_columns, load_rows
 
 SAMPLE_KEY = "rl_factory_sample"
 SPLIT_KEY = "rl_factory_split"
@@ -49,14 +49,20 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def convert(cfg: DataConfig, out_dir: Path) -> dict[str, Path]:
+def convert(cfg: DataConfig, out_dir: Path, reward: Any = None) -> dict[str, Path]:
     """Write train.parquet and val.parquet for verl under `out_dir`; returns their paths.
 
+    Args:
+        reward: the run's `Scorer`: every row must have the columns it needs (checked before writing).
+
     Raises:
-        DatasetError / ValueError: as the embedded backend's loader (missing file, bad row, ...).
+        DatasetError / ValueError: as the embedded backend's loader (missing file, bad row, a row without a
+            column the reward needs, ...).
     """
     train = load_rows(cfg.train_files, cfg)
     val = load_rows(cfg.val_files, cfg, limit=cfg.val_limit)
+    if reward is not None:
+        check_reward_columns(reward, {"data.train_files": train, "data.val_files": val}, cfg.answer_key)
     return {"train": write_parquet(verl_rows(train, "train"), out_dir / "train.parquet"),
             "val": write_parquet(verl_rows(val, "val"), out_dir / "val.parquet")}
 

@@ -146,10 +146,15 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}
     from rl_factory.backends.verl.data import convert
-    from rl_factory.components import DataConfig
+    from rl_factory.components import DataConfig, RewardConfig
     from rl_factory.config import section
+    from rewards.scorer import build_scorer
 
-    convert(section(ours, "data", DataConfig), out_dir / "verl_data")
+    scorer = build_scorer(section(ours, "reward", RewardConfig))  # what the reward workers will load
+    try:
+        convert(section(ours, "data", DataConfig), out_dir / "verl_data", reward=scorer)
+    finally:
+        scorer.close()
     return run(cfg)
 
 

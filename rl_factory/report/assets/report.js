@@ -62,7 +62,8 @@
   D.figures.forEach(function (fig) {
     var div = el("div", {cls: "chart", id: "chart-" + fig.id});
     charts.appendChild(div);
-    Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false});
+    // the toolbar only while the pointer is over the chart: it never sits on the title of a chart being read
+    Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false, displayModeBar: "hover"});
   });
 
   // ---- trajectory browser --------------------------------------------------------------------------
@@ -107,7 +108,12 @@
     if (text && t._text.indexOf(text) < 0) return false;
     return true;
   }
+  var SPLIT_ORDER = {train: 0};  // at one step, the training rollouts before validation's
+  function splitRank(t) { return t.split in SPLIT_ORDER ? SPLIT_ORDER[t.split] : 1; }
   var SORTS = {
+    "step-desc": function (a, b) {
+      return b.step - a.step || splitRank(a) - splitRank(b) || a.run.localeCompare(b.run) || a.i - b.i;
+    },
     "step": function (a, b) { return a.step - b.step || a.run.localeCompare(b.run) || a.i - b.i; },
     "reward-desc": function (a, b) { return (b.reward ?? -Infinity) - (a.reward ?? -Infinity); },
     "reward-asc": function (a, b) { return (a.reward ?? Infinity) - (b.reward ?? Infinity); },
@@ -126,7 +132,8 @@
     body.textContent = "";
     shown.slice(0, LIST_LIMIT).forEach(function (t) {
       var errs = el("td", {text: t.errors.length ? t.errors.join(", ") : "", cls: t.errors.length ? "err" : ""});
-      var cells = [t.run, t.split, t.step, t.id || t.sample, fmt(t.reward), fmt(t.advantage), t.stop, t.turns, t.calls];
+      var cells = [t.run, t.split, t.step, t.group, t.rollout, t.id || t.sample, fmt(t.reward), fmt(t.advantage), t.stop,
+                   t.turns, t.calls];
       var row = el("tr", {}, cells.map(function (c, k) { return el("td", {text: fmt(c), cls: k === 0 ? "c-run" : ""}); }).concat([errs]));
       if (t === selected) row.className = "selected";
       row.addEventListener("click", function () { selected = t; render(); });
@@ -142,7 +149,8 @@
     if (!t) { box.appendChild(el("span", {cls: "empty", text: "No trajectory matches the filter."})); return; }
     var info = Object.keys(t.reward_info).map(function (k) { return k + "=" + fmt(t.reward_info[k]); }).join(", ");
     var meta = [
-      "run " + t.run + " · " + t.split + " step " + t.step + " · sample " + (t.id || t.sample) +
+      "run " + t.run + " · " + t.split + " step " + t.step + " · group " + t.group + ", rollout " + t.rollout +
+        " · sample " + (t.id || t.sample) +
         (t.data_source ? " · " + t.data_source : ""),
       "reward " + fmt(t.reward) + " · advantage " + fmt(t.advantage) + " · stop: " + t.stop + " · turns " + t.turns +
         " · tokens prompt/generated/total " + t.tokens.map(fmt).join("/"),
