@@ -12,9 +12,7 @@ size, and the load average at start and end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import emit  # noqa: E402
 from envs.parsers import PARSERS, get_parser  # noqa: E402
 
 # name -> (prefix, fragment repeated to the size)
@@ -64,12 +63,11 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     seconds = {name: {key: round(time_parse(name, adversarial_text(*TEXTS[key], size), args.repeats), 4)
                       for key in TEXTS} for name in sorted(PARSERS)}
-    print(json.dumps({
-        "benchmark": "parsers", "text_chars": size, "repeats": args.repeats, "seconds": seconds,
+    emit("parsers", {
+        "text_chars": size, "repeats": args.repeats, "seconds": seconds,
         "worst_s": {name: max(times.values()) for name, times in seconds.items()},
-        "machine": platform.node(), "cpus": os.cpu_count(),
         "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-    }))
+    })
 
 
 if __name__ == "__main__":
