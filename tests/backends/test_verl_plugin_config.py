@@ -245,10 +245,12 @@ def test_old_log_probs_resolve_to_the_cheapest_exact_source(tmp_path, tiny_model
 
 
 @pytest.mark.parametrize("overrides, raw, message", [
-    (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "needs one optimizer step per batch"),
-    (["algorithm.old_log_probs=update"], ["trainer.use_v1=false"], "needs verl's V1 trainer"),
-    (["algorithm.old_log_probs=rollout"], ["algorithm.rollout_correction.rollout_is=token"], "rollout_is is set"),
-    (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"], "contradicts"),
+    (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "only for one optimizer step per batch"),
+    (["algorithm.old_log_probs=update"], ["trainer.use_v1=false"], "with trainer.use_v1=false: verl's legacy trainer"),
+    (["algorithm.old_log_probs=rollout"], ["algorithm.rollout_correction.rollout_is=token"],
+     "with algorithm.rollout_correction=rollout_is"),
+    (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"],
+     "with algorithm.rollout_correction.bypass_mode=false: .*; set only one of them"),
     (["algorithm.old_log_probs=sometimes"], [], "expected one of auto, update, rollout, recompute"),
 ])
 def test_an_old_log_probs_mode_that_would_be_inexact_is_refused(tmp_path, tiny_model_dir, overrides, raw, message):
