@@ -31,13 +31,17 @@ ANY = "*"  # a feature that is set at all: a non-empty list, a value that is not
 # Derived facts (not config keys); `facts()` computes them from the config.
 INPUTS = "estimator inputs"  # the optional AdvantageInputs fields the estimator declares (its `requires`)
 OPTIMIZER_STEPS = "optimizer steps per batch"  # epochs x mini-batches of one step's update
-VIEW_WEIGHTS = "tool_prefix view weights"  # "1", or "normalized or decayed"
+VIEW_WEIGHT = "view weight"  # of the augmenters' views: "1", or how they are not (a number, at run time)
 INLINE_SAMPLE_REFS = "an inline manifest naming ${sample.*} or ${episode.*}"
 OUR_SAMPLER = "pkg://rl_factory.backends.verl.pipeline"  # the custom sampler dynamic sampling installs on verl
 
 
 class Unsupported(ConfigError):
-    """A setting, or a combination of settings, that the chosen backend cannot train (`LIMITS`)."""
+    """A setting, or a combination of settings, that the chosen backend cannot train (`limit`, one of `LIMITS`)."""
+
+    def __init__(self, message: str, limit: Limit | None = None):
+        super().__init__(message)
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -131,19 +135,13 @@ def _fill(text: str, facts: Mapping[str, Any] | None) -> str:
     return _FACT.sub(one, text)
 
 
-# Which estimator inputs each backend computes, and for which estimator (rl_factory/algorithms/advantages.py).
-EMBEDDED_INPUTS = ("scores", "values", "response_mask", "token_rewards")
-VERL_OUTCOME_INPUTS = ("scores", "response_mask")  # what our estimators get from verl's call (plugin.py)
-
 LIMITS: tuple[Limit, ...] = (
     # --- estimators and the critic -----------------------------------------------------------------------
-    Limit(When("algorithm.advantage"), ("embedded",),
-          "the estimator needs inputs the embedded trainer does not compute (it computes tournament scores and, "
-          "for gae, the value head's values)", "register it with requires= from those, or pick another estimator",
-          when=(When(INPUTS, EMBEDDED_INPUTS, negate=True),)),
-    Limit(When("algorithm.advantage", ("gae",), negate=True), BOTH,
-          "critic values are computed for gae alone", "use algorithm.advantage=gae",
-          when=(When(INPUTS, ("values",)),)),
+    Limit(When("algorithm.advantage", ("gae",), negate=True), ("embedded",),
+          "the embedded trainer computes per-token inputs (critic values, response mask, token rewards) for gae "
+          "alone; other estimators get rewards and tournament scores",
+          "register it with requires= among scores, or use algorithm.advantage=gae",
+          when=(When(INPUTS, ("values", "response_mask", "token_rewards")),)),
     Limit(When("algorithm.advantage", ("gae",)), BOTH,
           "the critic values one token sequence per trajectory", "use rollout.context=append",
           when=(When("rollout.context", ("append",), negate=True),)),
@@ -202,9 +200,10 @@ LIMITS: tuple[Limit, ...] = (
     Limit(When("rollout.augment"), ("verl",),
           "verl gives a session's outputs the session's advantage only for grpo", "use algorithm.advantage=grpo",
           when=(When("algorithm.advantage", ("grpo",), negate=True),)),
-    Limit(When("rollout.augment", ("tool_prefix",)), ("verl",),
-          "verl has no per-sample weight", "use tool_prefix with kwargs {normalize: false, decay: 1.0}",
-          when=(When(VIEW_WEIGHTS, ("1",), negate=True),)),
+    Limit(When(VIEW_WEIGHT, ("1",), negate=True), ("verl",),
+          "verl has no per-sample weight (every view trains with its session's advantage)",
+          "use tool_prefix with kwargs {normalize: false, decay: 1.0}, and user augmenters' views of weight 1",
+          when=(When("rollout.augment"),)),
     Limit(When("rollout.dynamic_sampling.min_groups", (Ref("data.train_batch_size"),), negate=True), ("verl",),
           "verl's batch always holds {data.train_batch_size} groups", "set them equal"),
     Limit(When("rollout.dynamic_sampling.min_groups"), ("verl",),
@@ -244,7 +243,7 @@ def check(backend: str, facts: Mapping[str, Any]) -> None:
     for limit in LIMITS:
         message = limit.refusal(backend, facts)
         if message is not None:
-            raise Unsupported(message)
+            raise Unsupported(message, limit)
 
 
 def facts(alg: Any = None, roll: Any = None, *, optim: Any = None, reward: Any = None, env: Any = None,
@@ -283,7 +282,7 @@ def pipeline_facts(context: str, filters: Any, augment: Any, min_groups: int | N
     weighted = [a for a in built if a.name == "tool_prefix"
                 and (a.kwargs.get("normalize", True) or a.kwargs.get("decay", 1.0) != 1.0)]
     out = {"rollout.context": context, "rollout.filters": names, "rollout.augment": tuple(a.name for a in built),
-           VIEW_WEIGHTS: "normalized or decayed" if weighted else "1"}
+           VIEW_WEIGHT: "normalized or decayed (tool_prefix)" if weighted else "1"}
     if min_groups is not None:
         out["rollout.dynamic_sampling.min_groups"] = int(min_groups)
     return out

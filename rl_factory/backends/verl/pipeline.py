@@ -36,6 +36,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rl_factory import capabilities
 from rl_factory.backends.verl import supported
 from rl_factory.backends.verl.group import ArenaGroups, _Pending
 from rl_factory.backends.verl.plugin import registered_name
@@ -178,9 +179,12 @@ async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Tra
         _AUGMENTERS[id(config)] = (config, build_augmenters(plain(config.rl_factory.rollout.augment)))
     await augment(_AUGMENTERS[id(config)][1], [traj])
     heavy = sorted({s.weight for s in traj.steps if s.weight != 1.0})
-    if heavy:
-        raise ValueError(f"sample {traj.sample_index}: rollout.augment made views of weight {heavy[0]}; verl has no "
-                         "per-sample weight, so on verl every view must weigh 1")
+    if heavy:  # a user augmenter's weights: known only now
+        names = tuple(a.name for a in _AUGMENTERS[id(config)][1])
+        try:
+            capabilities.check("verl", {"rollout.augment": names, capabilities.VIEW_WEIGHT: heavy[0]})
+        except capabilities.Unsupported as exc:
+            raise ValueError(f"sample {traj.sample_index}: {exc}") from None
     return traj
 
 
