@@ -33,7 +33,6 @@ INPUTS = "estimator inputs"  # the optional AdvantageInputs fields the estimator
 OPTIMIZER_STEPS = "optimizer steps per batch"  # epochs x mini-batches of one step's update
 VIEW_WEIGHT = "view weight"  # of the augmenters' views: "1", or how they are not (a number, at run time)
 INLINE_SAMPLE_REFS = "an inline manifest naming ${sample.*} or ${episode.*}"
-OUR_SAMPLER = "pkg://rl_factory.backends.verl.pipeline"  # the custom sampler dynamic sampling installs on verl
 
 
 class Unsupported(ConfigError):
@@ -212,7 +211,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit(When("rollout.dynamic_sampling.min_groups"), ("verl",),
           "dynamic sampling on verl installs its own trainer.v1.sampler.custom_sampler",
           "leave trainer.v1.sampler.custom_sampler.path unset",
-          when=(When("trainer.v1.sampler.custom_sampler.path", (None, OUR_SAMPLER), negate=True),)),
+          when=(When("trainer.v1.sampler.custom_sampler.path", (None,), negate=True),)),
     # --- old log-probs -------------------------------------------------------------------------------------
     Limit(When("algorithm.old_log_probs", ("recompute",)), ("embedded",),
           "the embedded backend samples with the weights it trains, so its rollout log-probs already are the "
@@ -346,6 +345,8 @@ def _verdict(limit: Limit, key: str, name_facts: Mapping[str, Any]) -> bool | No
     known = [c for c in conds if c.key in name_facts and not any(isinstance(v, Ref) for v in c.values)]
     if not any(c.key == key for c in conds) or any(c.matching(name_facts) is _NO for c in known):
         return False
+    if name_facts[key] is None and any(c.key == key for c in conds):  # null: the feature is off
+        return False
     return True if len(known) == len(conds) else None
 
 
@@ -354,11 +355,11 @@ def render_markdown() -> str:
     from rl_factory.algorithms.advantages import required_inputs
 
     numbers = {limit: i + 1 for i, limit in enumerate(LIMITS)}
-    lines = ["# Backend capabilities", "",
-             "Generated from `rl_factory/capabilities.py`, the table every refusal is raised from: a config the",
-             "chosen backend cannot train stops before anything starts, with one line of the form",
-             "`<key>=<value> is not supported on the <backend> backend [with <key>=<value>]: <why>; <instead>`.",
-             "\"yes, see N\" means supported except in the combinations of limit N below.", "",
+    lines = ["A config the chosen backend cannot train stops before anything starts, with one line of the form",
+             "`<key>=<value> is not supported on the <backend> backend [with <key>=<value>]: <why>; <instead>`",
+             "(\"any backend\" where neither can). Every name the registries hold is listed; \"yes, see N\" means",
+             "supported except in the combinations of limit N, \"no (N)\" refused by limit N.", "",
+             "## Support by name", "",
              "| feature | key | value | embedded | verl |", "|---|---|---|---|---|"]
     for title, key, names, listed in _kinds():
         for name in names:

@@ -164,9 +164,14 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
 
 @pytest.mark.parametrize("args, message", [
     (["trainer.n_gpus_per_nod=8"], "did you mean trainer.n_gpus_per_node"),
-    (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"], "anchor=greedy is not available"),
-    (["rollout.context=step", "algorithm.advantage=rloo"], "rollout.context=step on verl"),
-    (["algorithm.advantage=arena", "trainer.use_v1=false"], "needs trainer.use_v1=true"),
+    (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"],
+     "error: algorithm.arena.anchor=greedy is not supported on the verl backend with algorithm.advantage=arena"),
+    (["rollout.context=step", "algorithm.advantage=rloo"],
+     "error: rollout.context=step is not supported on the verl backend with algorithm.advantage=rloo"),
+    (["algorithm.advantage=arena", "trainer.use_v1=false"],
+     "error: algorithm.advantage=arena is not supported on the verl backend with trainer.use_v1=false"),
+    (["algorithm.advantage=gae", "algorithm.critic.vf_coef=0.25"],
+     "error: algorithm.critic.vf_coef=0.25 is not supported on the verl backend with algorithm.advantage=gae"),
     (["worker_fetch=some"], "worker_fetch='some': expected one of needed, all"),
 ])
 def test_bad_verl_configs_fail_with_one_line(args, message, tmp_path):
