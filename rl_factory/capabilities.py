@@ -119,8 +119,10 @@ class Limit:
 
 
 def _show(value: Any) -> str:
-    return {True: "true", False: "false", None: "null"}.get(value, str(value)) if not isinstance(value, (int, float)) \
-        or isinstance(value, bool) else str(value)
+    """A value as the config spells it (true, false, null)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
 
 
 _FACT = re.compile(r"(?<!\$)\{([\w.]+)\}")  # "{data.train_batch_size}", not "${sample.col}"
@@ -152,7 +154,8 @@ LIMITS: tuple[Limit, ...] = (
           "use algorithm.critic.type=model (or auto)", when=(When("algorithm.advantage", ("gae",)),)),
     Limit(When("algorithm.critic.vf_coef", (0.5,), negate=True), ("verl",),
           "verl's critic model trains with its own optimizer, so no value loss is added to the policy loss",
-          "leave algorithm.critic.vf_coef at 0.5 and tune algorithm.critic.lr", when=(When("algorithm.advantage", ("gae",)),)),
+          "leave algorithm.critic.vf_coef at 0.5 and tune algorithm.critic.lr",
+          when=(When("algorithm.advantage", ("gae",)),)),
     # --- context policies ----------------------------------------------------------------------------------
     Limit(When("rollout.context", ("step",)), ("verl",),
           "verl gives a session's per-turn samples the session's advantage only for grpo",

@@ -29,7 +29,8 @@ VERL_CASES = [
     (["algorithm.advantage=gae", "algorithm.critic.type=value_head"], [],
      "algorithm.critic.type=value_head is not supported on the verl backend with algorithm.advantage=gae"),
     (["algorithm.advantage=gae", "algorithm.critic.vf_coef=1.0"], [], "algorithm.critic.vf_coef=1.0 is not supported"),
-    (["algorithm.advantage=gae", "rollout.context=step"], [], "algorithm.advantage=gae is not supported on any backend"),
+    (["algorithm.advantage=gae", "rollout.context=step"], [],
+     "algorithm.advantage=gae is not supported on any backend"),
     (["rollout.context=step", "algorithm.advantage=rloo"], [], "with algorithm.advantage=rloo"),
     (["rollout.context=step"], ["trainer.use_v1=false"], "rollout.context=step is not supported on the verl backend "
                                                          "with trainer.use_v1=false"),
@@ -126,7 +127,8 @@ def test_every_limit_is_refused_in_one_form_where_the_backend_lacks_it(tmp_path,
 
 @pytest.mark.parametrize("overrides", [
     [], ["algorithm.advantage=gae"], ["algorithm.advantage=gae", "algorithm.critic.type=value_head"],
-    ["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"], ["rollout.context=step", "algorithm.advantage=rloo"],
+    ["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"],
+    ["rollout.context=step", "algorithm.advantage=rloo"],
     ["reward.process.tool_error_penalty=-0.1", "reward.process.outcome_mode=ignore"],
     ["rollout.augment=[tool_prefix]", "rollout.filters=[truncated]", "algorithm.advantage=rloo"],
     ["algorithm.old_log_probs=update"], ["model.lora_rank=4"],

@@ -59,7 +59,8 @@ class ArenaGroups:
     def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> ArenaGroups:
         arena_cfg = section(ours.algorithm, "arena", ArenaConfig)
         # the launcher refused it already; a worker given such a config by hand stops here
-        capabilities.check("verl", {"algorithm.advantage": "arena", "algorithm.arena.anchor": arena_cfg.anchor})
+        capabilities.check("verl", {"algorithm.advantage": ours.algorithm.advantage,
+                                    "algorithm.arena.anchor": arena_cfg.anchor})
         reward = build_scorer(section(ours, "reward", RewardConfig))
         arena = GroupArena(arena_cfg, reward)
         out_dir.mkdir(parents=True, exist_ok=True)

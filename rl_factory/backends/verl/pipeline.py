@@ -37,6 +37,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rl_factory import capabilities
+from rl_factory.algorithms.advantages import REQUIRED_INPUTS
 from rl_factory.backends.verl import supported
 from rl_factory.backends.verl.group import ArenaGroups, _Pending
 from rl_factory.backends.verl.plugin import registered_name
@@ -117,7 +118,7 @@ class PipelineGroups(ArenaGroups):
 
     @classmethod
     def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> PipelineGroups:
-        arena = ArenaGroups.from_config(ours, tools, out_dir).arena if ours.algorithm.advantage == "arena" else None
+        arena = ArenaGroups.from_config(ours, tools, out_dir).arena if tournament(ours) else None
         out_dir.mkdir(parents=True, exist_ok=True)
         settings = {"reward": plain(ours.reward), "tools": plain(ours.env.tools)}
         return cls(build_filters(plain(ours.rollout.filters)), settings, arena, tools, out_dir)
@@ -158,12 +159,18 @@ class PipelineGroups(ArenaGroups):
         return await self.arena.score_groups(groups, step, group_ids=[uid])
 
 
+def tournament(ours: DictConfig) -> bool:
+    """Whether the estimator ranks a prompt's rollouts by tournament: it declares `requires=("scores",)`
+    (rl_factory/algorithms/advantages.py; `arena`)."""
+    return "scores" in REQUIRED_INPUTS.get(ours.algorithm.advantage, ())
+
+
 def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:
     """The per-prompt rendezvous of an agent-loop worker: filters (and arena), arena alone, or none."""
     if ours.rollout.filters:
-        where = "arena" if ours.algorithm.advantage == "arena" else "pipeline"
+        where = "arena" if tournament(ours) else "pipeline"
         return PipelineGroups.from_config(ours, tools, output_dir / where / worker)
-    if ours.algorithm.advantage == "arena":
+    if tournament(ours):
         return ArenaGroups.from_config(ours, tools, output_dir / "arena" / worker)
     return None
 

@@ -31,12 +31,13 @@ def verl_facts(cfg: DictConfig) -> dict[str, Any]:
     """The facts of verl's composed config that the table's limits read."""
     actor = cfg.actor_rollout_ref.actor
     corr = cfg.algorithm.get("rollout_correction") or {}
+    correction = next((k for k in ("rollout_is", "rollout_rs") if corr.get(k) is not None), None)
     sampler = cfg.trainer.v1.sampler.custom_sampler.path
     mini_batches = -(-int(cfg.data.train_batch_size) // max(1, int(actor.ppo_mini_batch_size)))
     return {
         "trainer.use_v1": bool(cfg.trainer.use_v1),
         "trainer.v1.trainer_mode": cfg.trainer.v1.trainer_mode,
         "trainer.v1.sampler.custom_sampler.path": None if sampler == OUR_SAMPLER_PATH else sampler,
-        "algorithm.rollout_correction": next((k for k in ("rollout_is", "rollout_rs") if corr.get(k) is not None), None),
+        "algorithm.rollout_correction": correction,
         capabilities.OPTIMIZER_STEPS: int(actor.ppo_epochs) * mini_batches,
     }
