@@ -2,8 +2,8 @@
 
 Steps, in the order a user sees their errors: our plugin must be in verl's registries (else the
 estimator names would fail deep inside a Ray actor); the combination must be one verl can run (the
-capability table: supported.py); the verl config is composed (`--cfg job` prints it here, before any file is written
-or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
+capability table, supported.py); the verl config is composed (`--cfg job` prints it here, before any file
+is written or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
 `validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
 fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
