@@ -1,8 +1,10 @@
-"""The critic for `algorithm.advantage=gae`: a value head on the policy's last hidden state.
+"""The embedded backend's critic for `algorithm.advantage=gae`: a value head on the policy's last hidden state.
 
-PPO with GAE (Schulman et al., 2017; 2016) normally trains a separate critic model. Here the critic is
-a linear layer on the policy's final hidden state (`critic.type=value_head`), so one forward pass gives
-both the log-probs and the values, and the head trains in its own optimizer param group (`critic.lr`).
+PPO with GAE (Schulman et al., 2017; 2016) normally trains a separate critic model, which is what the
+verl backend does (`critic.type=model`). The embedded critic is a linear layer on the policy's final
+hidden state (`critic.type=value_head`), so one forward pass gives both the log-probs and the values,
+and the head trains in its own optimizer param group (`critic.lr`). `auto` is each backend's own; the
+other backend's name is refused (rl_factory/capabilities.py), as is `vf_coef` on verl.
 As in verl, the value of token t is read from the hidden state *before* it (position t-1): the value of
 the state in which the token was chosen. Token-level rewards put the outcome reward on a trajectory's
 last generated token and each turn's process reward on that turn's last generated token; GAE skips the
@@ -22,14 +24,15 @@ from rl_factory.errors import ConfigError
 from rl_factory.types import Trajectory
 
 VALUE_HEAD_FILE = "value_head.pt"
-CRITIC_TYPES = ("value_head",)
+# auto: the backend's own | value_head: the embedded backend's | model: verl's separate critic model
+CRITIC_TYPES = ("auto", "value_head", "model")
 
 
 @dataclass
 class CriticConfig:
     """`algorithm.critic.*`: only used by estimators that need values (gae)."""
 
-    type: str = "value_head"
+    type: str = "auto"
     lr: float = 1.0e-3
     cliprange_value: float = 0.5
     vf_coef: float = 0.5
@@ -49,9 +52,14 @@ class ValueHead(nn.Module):
         return torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
 
 
-def build_value_head(cfg: CriticConfig, model) -> ValueHead:
+def check_critic_type(cfg: CriticConfig) -> None:
+    """An unknown `critic.type` lists the valid ones (which backend takes which: rl_factory/capabilities.py)."""
     if cfg.type not in CRITIC_TYPES:
         raise ConfigError(f"algorithm.critic.type: unknown critic {cfg.type!r} (valid: {', '.join(CRITIC_TYPES)})")
+
+
+def build_value_head(cfg: CriticConfig, model) -> ValueHead:
+    check_critic_type(cfg)
     return ValueHead(model.config.hidden_size).to(next(model.parameters()).device)
 
 

@@ -5,8 +5,8 @@
   filters (and more prompts until enough groups survive: dynamic sampling) -> augmenters (training views) ->
   group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
 Everything up to the advantages is the rollout pipeline (rl_factory/pipeline).
-With `algorithm.advantage=gae` a value head (rl_factory/critic.py) values every token before the
-update, GAE gives per-token advantages, and the clipped value loss joins the policy loss.
+With `algorithm.advantage=gae` a value head (rl_factory/critic.py, `critic.type=value_head`) values every
+token before the update, GAE gives per-token advantages, and the clipped value loss joins the policy loss.
 Validation (greedy by default) runs at step 0, every `trainer.eval_every` steps and at the end; its
 time is `timing/val_s` of that step, apart from the step's own `timing/step_s`.
 A run killed at any point resumes from its last checkpoint with `trainer.resume=auto`.
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from rl_factory import capabilities
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
@@ -35,7 +36,8 @@ from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    check_reward_columns, closing_engine, load_rows, open_env)
 from rl_factory.config import ConfigError, section
-from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
+from rl_factory.critic import (VALUE_HEAD_FILE, assign_gae, build_value_head, check_critic_type, compute_values,
+                               load_value_head)
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
@@ -45,8 +47,7 @@ from rl_factory.policy import ModelConfig, load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.interrupt import interruptible
-from rl_factory.update import (AlgorithmConfig, NonFiniteGuard, OptimConfig, load_reference, old_log_probs_mode,
-                               update_policy)
+from rl_factory.update import AlgorithmConfig, NonFiniteGuard, OptimConfig, load_reference, update_policy
 from rewards.scorer import build_scorer
 
 log = logging.getLogger("rl_factory")
@@ -93,11 +94,12 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     _seed_everything(seed)
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
-    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), old_log_probs_mode(alg, optim_cfg)
+    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), check_critic_type(alg.critic)
     check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
+    check_supported(alg, roll_cfg, optim_cfg, reward_cfg)  # what the embedded backend cannot train
     # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
     scorer = build_scorer(reward_cfg)
-    use_critic = _needs_critic(alg, roll_cfg)  # gae: a value head trained alongside the policy
+    use_critic = _needs_critic(alg)  # gae: a value head trained alongside the policy
     arena = _build_arena(alg, scorer)  # None unless the estimator ranks rollouts by tournament
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
@@ -222,16 +224,15 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     return run.finish(history, step)
 
 
-def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
-    """The tournament runner when the estimator needs tournament scores, else None.
+def check_supported(alg: AlgorithmConfig, roll_cfg: SamplingConfig, optim_cfg: OptimConfig,
+                    reward_cfg: RewardConfig) -> None:
+    """Refuse up front, with the capability table's one line, what the embedded backend cannot train."""
+    capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg))
 
-    Also refuses, up front, an estimator needing inputs the embedded trainer does not compute.
-    """
-    needs = set(required_inputs(alg.advantage)) - CRITIC_INPUTS
-    if needs - {"scores"}:
-        raise ConfigError(f"algorithm.advantage={alg.advantage} needs {sorted(needs - {'scores'})}, which the "
-                          "embedded trainer does not compute")
-    if "scores" not in needs:
+
+def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
+    """The tournament runner when the estimator needs tournament scores, else None."""
+    if "scores" not in required_inputs(alg.advantage):
         return None
     try:
         return GroupArena(alg.arena, scorer)
@@ -239,22 +240,9 @@ def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
         raise ConfigError(f"algorithm.arena: {exc.args[0]}") from None
 
 
-# What the embedded trainer computes for a token-level estimator from its critic (rl_factory/critic.py).
-CRITIC_INPUTS = {"values", "response_mask", "token_rewards"}
-
-
-def _needs_critic(alg: AlgorithmConfig, roll_cfg: SamplingConfig) -> bool:
-    if "values" not in required_inputs(alg.advantage):
-        return False
-    if alg.advantage != "gae":
-        raise ConfigError(f"algorithm.advantage={alg.advantage} needs critic values; the embedded critic "
-                          "only drives gae")
-    if roll_cfg.context != "append":
-        raise ConfigError(f"algorithm.advantage=gae needs rollout.context=append (got {roll_cfg.context!r}): "
-                          "the critic scores one token sequence per trajectory")
-    if alg.critic.type != "value_head":
-        raise ConfigError(f"algorithm.critic.type: unknown critic {alg.critic.type!r} (valid: value_head)")
-    return True
+def _needs_critic(alg: AlgorithmConfig) -> bool:
+    """Whether the estimator reads critic values (gae; `check_supported` refused every other case)."""
+    return "values" in required_inputs(alg.advantage)
 
 
 def _engine_metrics(engine) -> dict[str, float]:

@@ -28,10 +28,11 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from rl_factory import capabilities
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig, value_loss
-from rl_factory.errors import ConfigError, UserError
+from rl_factory.errors import UserError
 from rl_factory.packing import MASK_KINDS, attention_cost_ratio, build_packs, pack_inputs
 from rl_factory.types import Trajectory
 
@@ -194,13 +195,8 @@ def old_log_probs_mode(alg: AlgorithmConfig, optim: OptimConfig) -> str:
     The engine samples with the weights being trained, in the same process, so the log-probs it
     recorded at each sampled token are the policy's: no pass of its own is needed before the update.
     """
-    if alg.old_log_probs == "recompute":
-        raise ConfigError("algorithm.old_log_probs=recompute is a verl-backend mode: the embedded backend samples "
-                          "with the weights it trains, so its rollout log-probs already are the policy's (use auto, "
-                          "rollout or update)")
-    if alg.old_log_probs == "update" and (optim.ppo_epochs != 1 or optim.mini_batches != 1):
-        raise ConfigError("algorithm.old_log_probs=update needs one optimizer step per batch (optim.ppo_epochs=1, "
-                          f"optim.mini_batches=1); got ppo_epochs={optim.ppo_epochs}, mini_batches={optim.mini_batches}")
+    capabilities.check("embedded", {"algorithm.old_log_probs": alg.old_log_probs,
+                                    capabilities.OPTIMIZER_STEPS: optim.ppo_epochs * optim.mini_batches})
     return "update" if alg.old_log_probs == "update" else "rollout"
 
 

@@ -15,7 +15,7 @@ from rl_factory.components import SamplingConfig
 from rl_factory.critic import (CriticConfig, ValueHead, assign_gae, build_value_head, compute_values, token_rewards,
                                turn_end_positions)
 from rl_factory.policy import ModelConfig, load_policy
-from rl_factory.trainer import _needs_critic
+from rl_factory.trainer import _needs_critic, check_supported
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 from rl_factory.update import AlgorithmConfig, OptimConfig, update_policy
 
@@ -111,12 +111,16 @@ def test_gae_token_advantages_only_on_generated_tokens():
 
 
 def test_embedded_trainer_accepts_gae_only_with_the_append_context():
-    assert _needs_critic(AlgorithmConfig(advantage="gae"), SamplingConfig())
-    assert not _needs_critic(AlgorithmConfig(advantage="grpo"), SamplingConfig())
-    with pytest.raises(ConfigError, match="rollout.context=append"):
-        _needs_critic(AlgorithmConfig(advantage="gae"), SamplingConfig(context="step"))
-    with pytest.raises(ConfigError, match="critic.type"):
-        _needs_critic(AlgorithmConfig(advantage="gae", critic=CriticConfig(type="model")), SamplingConfig())
+    def check(alg: AlgorithmConfig, roll: SamplingConfig) -> None:
+        check_supported(alg, roll, OptimConfig(), RewardConfig())
+
+    for critic in ("auto", "value_head"):  # auto is the embedded backend's own: the value head
+        check(AlgorithmConfig(advantage="gae", critic=CriticConfig(type=critic)), SamplingConfig())
+    assert _needs_critic(AlgorithmConfig(advantage="gae")) and not _needs_critic(AlgorithmConfig(advantage="grpo"))
+    with pytest.raises(ConfigError, match="with rollout.context=step: .*; use rollout.context=append"):
+        check(AlgorithmConfig(advantage="gae"), SamplingConfig(context="step"))
+    with pytest.raises(ConfigError, match="algorithm.critic.type=model is not supported on the embedded backend"):
+        check(AlgorithmConfig(advantage="gae", critic=CriticConfig(type="model")), SamplingConfig())
 
 
 @pytest.fixture(scope="module")

@@ -179,6 +179,16 @@ def test_a_config_typo_fails_first_and_skips_the_rest(tmp_path):
     assert checks["chat template"].detail == "not run: needs the config and tools checks to pass"
 
 
+@pytest.mark.parametrize("overrides, line", [
+    (["algorithm.old_log_probs=recompute"], "algorithm.old_log_probs=recompute is not supported on the embedded backend"),
+    (["trainer.backend=verl", "rollout.context=step", "algorithm.advantage=rloo"],
+     "rollout.context=step is not supported on the verl backend with algorithm.advantage=rloo"),
+])
+def test_what_the_backend_cannot_train_fails_the_config_check_with_the_runs_own_line(overrides, line):
+    _, checks = doctor(*overrides)
+    assert checks["config"].status == FAIL and checks["config"].detail.startswith(line)
+
+
 @pytest.mark.parametrize("script", ["main_grpo.sh", "main_eval.sh"])
 def test_doctor_flag_prints_the_table_and_sets_the_exit_code(script, tiny_model_dir, tmp_path):
     good = run_script(script, "--doctor", f"model.path={tiny_model_dir}", f"trainer.output_dir={tmp_path / 'run'}")

@@ -133,8 +133,9 @@ def test_update_mode_trains_against_the_updates_own_log_probs(policy, base_polic
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm.old_log_probs=recompute"], "is a verl-backend mode"),
-    (["algorithm.old_log_probs=update", "optim.mini_batches=2"], "needs one optimizer step per batch"),
+    (["algorithm.old_log_probs=recompute"], "algorithm.old_log_probs=recompute is not supported on the embedded backend"),
+    (["algorithm.old_log_probs=update", "optim.mini_batches=2"],
+     "algorithm.old_log_probs=update is not supported on any backend with optimizer steps per batch=2"),
     (["algorithm.old_log_probs=often"], "algorithm.old_log_probs"),
 ])
 def test_embedded_old_log_probs_modes_it_cannot_honour_are_refused(overrides, message):

@@ -69,6 +69,7 @@ async def config(doc) -> str:
             from rl_factory.trainer import TrainerConfig
             s["trainer"] = section(cfg, "trainer", TrainerConfig)
             get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
+            _check_supported(cfg, alg, s)  # the capability table: what this backend cannot train
         else:
             from rl_factory.evaluate_cli import EvalConfig
             s["eval"] = section(cfg, "eval", EvalConfig)
@@ -80,6 +81,20 @@ async def config(doc) -> str:
     s["cfg"] = cfg
     extra = f", {len(theirs)} key(s) passed to verl" if theirs else ""
     return f"composes ({len(doc.overrides)} override(s){extra}); backend {cfg.trainer.backend}"
+
+
+def _check_supported(cfg, alg, s) -> None:
+    """The backend's refusal of this config, as the run would give it (rl_factory/capabilities.py)."""
+    if cfg.trainer.backend == "verl":
+        from rl_factory.backends.verl.supported import check as check_verl  # reads the table, imports no verl
+
+        check_verl(cfg)
+        return
+    from rl_factory.config import section
+    from rl_factory.trainer import check_supported
+    from rl_factory.update import OptimConfig
+
+    check_supported(alg, s["rollout"], section(cfg, "optim", OptimConfig), s["reward_cfg"])
 
 
 @check("run directory", needs=("trainer",))

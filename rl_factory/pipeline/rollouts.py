@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rl_factory import capabilities
+from rl_factory.capabilities import pipeline_facts
 from rl_factory.config import ConfigError
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
@@ -80,22 +82,16 @@ class Batch:
         return [t for g in self.groups for t in g.trajectories]
 
 
-def check_pipeline(cfg: PipelineConfig, advantage: str, context: str) -> None:
-    """Refuse up front what the estimator or context policy cannot train with (ConfigError)."""
-    names = [f.name for f in build_filters(cfg.filters) if f.scored]
-    if names and advantage == "gae":
-        raise ConfigError(f"rollout.filters: {names[0]} drops groups whose rewards are all equal, but gae's advantages "
-                          "are not zero there (the critic's values differ): remove it or use a group estimator")
-    if cfg.augment and (context != "append" or advantage == "gae"):
-        what = f"rollout.context={context}" if context != "append" else "algorithm.advantage=gae"
-        raise ConfigError(f"rollout.augment needs rollout.context=append and an outcome estimator (got {what}): "
-                          "views are cut from one token stream and weight the trajectory's one advantage")
+def check_pipeline(cfg: PipelineConfig, advantage: str, context: str, backend: str = "embedded") -> None:
+    """Refuse up front what the estimator or context policy cannot train with (ConfigError; the combinations
+    from the capability table, rl_factory/capabilities.py)."""
+    facts = pipeline_facts(context, cfg.filters, cfg.augment)
+    capabilities.check(backend, {**facts, "algorithm.advantage": advantage})
     ds = cfg.dynamic_sampling
     if ds.min_groups is not None and ds.min_groups < 1:
         raise ConfigError(f"rollout.dynamic_sampling.min_groups must be >= 1 or null, got {ds.min_groups}")
     if ds.max_rounds < 1:
         raise ConfigError(f"rollout.dynamic_sampling.max_rounds must be >= 1, got {ds.max_rounds}")
-    build_augmenters(cfg.augment)
 
 
 class RolloutPipeline:

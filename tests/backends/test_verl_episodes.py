@@ -81,9 +81,9 @@ def test_a_session_whose_episode_fails_trains_nothing(episodes, tmp_path):
 
 
 def test_an_inline_manifest_naming_the_sample_is_refused_on_verl():
-    from rl_factory.backends.verl.launcher import check_supported
+    from rl_factory.backends.verl.supported import check
     from rl_factory.config import ConfigError, load_config
 
     inline = "env.tools={mcpServers:{db:{command:python,args:['${sample.db_path}'],scope:episode}}}"
     with pytest.raises(ConfigError, match="put it in a file and set env.tools=path/to/tools.yaml"):
-        check_supported(load_config("grpo", ["trainer.backend=verl", inline]))
+        check(load_config("grpo", ["trainer.backend=verl", inline]))

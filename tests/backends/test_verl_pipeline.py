@@ -55,12 +55,16 @@ def test_filters_and_dynamic_sampling_map_onto_verl(verl_setup):
 @pytest.mark.parametrize(("overrides", "raw", "message"), [
     (["rollout.dynamic_sampling.min_groups=4", "data.train_batch_size=8"], {},
      "verl's batch always holds data.train_batch_size=8 groups"),
-    (["rollout.augment=[per_turn]", "rollout.filters=[truncated]"], {}, "truncated can drop part of a group"),
+    (["rollout.augment=[per_turn]", "rollout.filters=[truncated]"], {},
+     "rollout.filters=truncated is not supported on the verl backend with rollout.augment=per_turn: it can drop part "
+     "of a group"),
     (["rollout.augment=[tool_prefix]"], {}, "verl has no per-sample weight"),
-    (["rollout.augment=[per_turn]", "algorithm.advantage=rloo"], {}, "works with algorithm.advantage=grpo only"),
-    (["rollout.filters=[zero_variance]"], {"trainer.use_v1": False}, "need trainer.use_v1=true"),
+    (["rollout.augment=[per_turn]", "algorithm.advantage=rloo"], {},
+     "rollout.augment=per_turn is not supported on the verl backend with algorithm.advantage=rloo"),
+    (["rollout.filters=[zero_variance]"], {"trainer.use_v1": False}, "with trainer.use_v1=false"),
     (["rollout.dynamic_sampling.min_groups=16"], {"trainer.v1.trainer_mode": "colocate_async"},
-     "needs trainer.v1.trainer_mode=sync"),
+     "with trainer.v1.trainer_mode=colocate_async: verl's async trainers refill on their own; set "
+     "trainer.v1.trainer_mode=sync"),
     (["rollout.filters=[zero_variance]", "algorithm.advantage=gae"], {}, "gae's advantages are not zero"),
 ])
 def test_what_verl_cannot_do_is_refused(verl_setup, overrides, raw, message):

@@ -164,9 +164,14 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
 
 @pytest.mark.parametrize("args, message", [
     (["trainer.n_gpus_per_nod=8"], "did you mean trainer.n_gpus_per_node"),
-    (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"], "anchor=greedy is not available"),
-    (["rollout.context=step", "algorithm.advantage=rloo"], "rollout.context=step on verl"),
-    (["algorithm.advantage=arena", "trainer.use_v1=false"], "needs trainer.use_v1=true"),
+    (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"],
+     "error: algorithm.arena.anchor=greedy is not supported on the verl backend with algorithm.advantage=arena"),
+    (["rollout.context=step", "algorithm.advantage=rloo"],
+     "error: rollout.context=step is not supported on the verl backend with algorithm.advantage=rloo"),
+    (["algorithm.advantage=arena", "trainer.use_v1=false"],
+     "error: algorithm.advantage=arena is not supported on the verl backend with trainer.use_v1=false"),
+    (["algorithm.advantage=gae", "algorithm.critic.vf_coef=0.25"],
+     "error: algorithm.critic.vf_coef=0.25 is not supported on the verl backend with algorithm.advantage=gae"),
     (["worker_fetch=some"], "worker_fetch='some': expected one of needed, all"),
 ])
 def test_bad_verl_configs_fail_with_one_line(args, message, tmp_path):
@@ -245,10 +250,12 @@ def test_old_log_probs_resolve_to_the_cheapest_exact_source(tmp_path, tiny_model
 
 
 @pytest.mark.parametrize("overrides, raw, message", [
-    (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "needs one optimizer step per batch"),
-    (["algorithm.old_log_probs=update"], ["trainer.use_v1=false"], "needs verl's V1 trainer"),
-    (["algorithm.old_log_probs=rollout"], ["algorithm.rollout_correction.rollout_is=token"], "rollout_is is set"),
-    (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"], "contradicts"),
+    (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "only for one optimizer step per batch"),
+    (["algorithm.old_log_probs=update"], ["trainer.use_v1=false"], "with trainer.use_v1=false: verl's legacy trainer"),
+    (["algorithm.old_log_probs=rollout"], ["algorithm.rollout_correction.rollout_is=token"],
+     "with algorithm.rollout_correction=rollout_is"),
+    (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"],
+     "with algorithm.rollout_correction.bypass_mode=false: .*; set only one of them"),
     (["algorithm.old_log_probs=sometimes"], [], "expected one of auto, update, rollout, recompute"),
 ])
 def test_an_old_log_probs_mode_that_would_be_inexact_is_refused(tmp_path, tiny_model_dir, overrides, raw, message):

@@ -73,7 +73,8 @@ def test_arena_outside_anchors(tiny_model_dir, tmp_path, topology, anchor, calls
                                                                        "round_robin"]),
     (["algorithm.advantage=arena", "algorithm.arena.judge.type=gpt"], ["unknown judge type 'gpt'"]),
     # gae trains a critic over one token sequence per trajectory: the step context policy is refused.
-    (["algorithm.advantage=gae", "rollout.context=step"], ["algorithm.advantage=gae needs", "rollout.context=append"]),
+    (["algorithm.advantage=gae", "rollout.context=step"],
+     ["algorithm.advantage=gae is not supported on any backend with rollout.context=step", "use rollout.context=append"]),
 ])
 def test_arena_config_errors_fail_fast(tiny_model_dir, tmp_path, overrides, expected):
     manifest, marker = marked_calculator_manifest(tmp_path)

@@ -133,8 +133,9 @@ def test_bad_filter_entries_are_named(entries, message):
 
 @pytest.mark.parametrize(("cfg", "advantage", "context", "message"), [
     (PipelineConfig(filters=["zero_variance"]), "gae", "append", "gae's advantages are not zero"),
-    (PipelineConfig(augment=["per_turn"]), "grpo", "step", "rollout.augment needs rollout.context=append"),
-    (PipelineConfig(augment=["per_turn"]), "gae", "append", "(got algorithm.advantage=gae)"),
+    (PipelineConfig(augment=["per_turn"]), "grpo", "step",
+     "rollout.augment=per_turn is not supported on any backend with rollout.context=step"),
+    (PipelineConfig(augment=["per_turn"]), "gae", "append", "with algorithm.advantage=gae: "),
     (PipelineConfig(dynamic_sampling={"min_groups": 0}), "grpo", "append", "min_groups must be >= 1"),
     (PipelineConfig(dynamic_sampling={"max_rounds": 0}), "grpo", "append", "max_rounds must be >= 1"),
     (PipelineConfig(augment=["per_tern"]), "grpo", "append", "unknown augmenter 'per_tern'; valid: ['per_turn'"),

@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 
 from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
+from rl_factory import capabilities
 from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
 from rl_factory.config import section
 from rl_factory.types import Group, Trajectory
@@ -57,9 +58,9 @@ class ArenaGroups:
     @classmethod
     def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> ArenaGroups:
         arena_cfg = section(ours.algorithm, "arena", ArenaConfig)
-        if arena_cfg.anchor == "greedy":
-            raise ValueError("algorithm.arena.anchor=greedy is not available on the verl backend "
-                             "(use first or reference)")
+        # the launcher refused it already; a worker given such a config by hand stops here
+        capabilities.check("verl", {"algorithm.advantage": ours.algorithm.advantage,
+                                    "algorithm.arena.anchor": arena_cfg.anchor})
         reward = build_scorer(section(ours, "reward", RewardConfig))
         arena = GroupArena(arena_cfg, reward)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
 """`bash main_grpo.sh trainer.backend=verl ...`: compose verl's config from ours, then run verl's trainer.
 
 Steps, in the order a user sees their errors: our plugin must be in verl's registries (else the
-estimator names would fail deep inside a Ray actor); the combination must be one verl can run (see
-`check_supported`); the verl config is composed (`--cfg job` prints it here, before any file is written
-or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
+estimator names would fail deep inside a Ray actor); the combination must be one verl can run (the
+capability table, supported.py); the verl config is composed (`--cfg job` prints it here, before any file
+is written or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
 `validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
 fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rl_factory.config import ConfigError, printable, redacted, worker_config
 
 log = logging.getLogger("rl_factory.verl")
-
-STEP_CONTEXT_ESTIMATORS = ("grpo",)  # verl broadcasts a session's advantage to its per-turn samples only for grpo
-
 
 PLUGIN_MODULE = "rl_factory.backends.verl.plugin"
 
@@ -59,25 +55,6 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
     if policy_loss not in core_algos.POLICY_LOSS_REGISTRY:
         raise ConfigError(f"algorithm.policy_loss: {policy_loss!r} is not in verl's policy-loss registry "
                           f"(known: {sorted(core_algos.POLICY_LOSS_REGISTRY)})")
-
-
-def check_supported(ours: DictConfig) -> None:
-    """Combinations the verl backend cannot run, refused with the key to change (before composing)."""
-    alg, roll = ours.algorithm, ours.rollout
-    if roll.context == "step" and alg.advantage not in STEP_CONTEXT_ESTIMATORS:
-        raise ConfigError(f"rollout.context=step on verl works with algorithm.advantage=grpo only (verl spreads a "
-                          f"trajectory's advantage over its per-turn samples only for grpo); got {alg.advantage!r}")
-    if alg.advantage == "arena":
-        if alg.arena.anchor == "greedy":
-            raise ConfigError("algorithm.arena.anchor=greedy is not available on the verl backend (use first or reference)")
-    if ours.reward.process.function or ours.reward.process.tool_error_penalty:
-        if ours.reward.process.outcome_mode != "sum":
-            raise ConfigError("reward.process on verl is added to the outcome reward: set reward.process.outcome_mode=sum")
-    tools = ours.env.tools
-    if isinstance(tools, DictConfig) and re.search(r"\$\{(sample|episode)\.", str(OmegaConf.to_container(tools))):
-        # verl resolves its whole config in each worker, where ${sample.col} would read as one of its keys
-        raise ConfigError("env.tools: an inline manifest that names ${sample.*} or ${episode.*} cannot travel in "
-                          "verl's config; put it in a file and set env.tools=path/to/tools.yaml")
 
 
 def absolute(ours: DictConfig) -> DictConfig:
@@ -128,20 +105,17 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
     except ImportError as exc:
         raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
                           f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
+    from rl_factory.backends.verl import supported
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.pipeline import check_verl_pipeline
 
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
-    check_supported(ours)
+    supported.check(ours)  # before a builtin model is built; again with verl's keys after composing
     ours = absolute(ours)
     out_dir = Path(ours.trainer.output_dir)
     files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
     cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=print_only is None))
-    check_verl_pipeline(ours, cfg)  # filters, dynamic sampling, augmenters on verl (pipeline.py)
-    if not cfg.trainer.use_v1 and (ours.rollout.context == "step" or ours.algorithm.advantage == "arena"):
-        what = "rollout.context=step" if ours.rollout.context == "step" else "algorithm.advantage=arena"
-        raise ConfigError(f"{what} on verl needs trainer.use_v1=true (verl's V1 trainer: several samples per "
-                          "trajectory, and a prompt's n rollouts in one worker)")
+    check_verl_pipeline(ours, cfg)  # the pipeline's keys, and the capability table with verl's keys (supported.py)
     if print_only is not None:
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}

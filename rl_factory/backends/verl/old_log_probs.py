@@ -29,6 +29,8 @@ from typing import Any, get_args
 
 from omegaconf import DictConfig, OmegaConf
 
+from rl_factory import capabilities
+from rl_factory.backends.verl import supported
 from rl_factory.backends.verl.plugin import OLD_LOG_PROBS_ENV as MODE_ENV  # read by our loss in the actor workers
 from rl_factory.config import ConfigError
 from rl_factory.update import OldLogProbs
@@ -37,47 +39,28 @@ BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
 MODES = get_args(OldLogProbs)
 
 
-def one_optimizer_step(cfg: DictConfig) -> bool:
-    """One epoch over one mini-batch: the weights the update reads are the ones that sampled."""
-    actor = cfg.actor_rollout_ref.actor
-    return int(actor.ppo_epochs) == 1 and int(actor.ppo_mini_batch_size) >= int(cfg.data.train_batch_size)
-
-
 def resolve(cfg: DictConfig, requested: str, given: set[str]) -> tuple[str, str]:
-    """(mode, why) for the composed verl config `cfg`; `given` = the verl keys set on the command line."""
+    """(mode, why) for the composed verl config `cfg`; `given` = the verl keys set on the command line.
+
+    A mode that would be inexact here is refused by the capability table (rl_factory/capabilities.py)."""
     if requested not in MODES:
         raise ConfigError(f"algorithm.old_log_probs={requested!r}: expected one of {', '.join(MODES)}")
     corr = cfg.algorithm.get("rollout_correction") or {}
-    correction = [k for k in ("rollout_is", "rollout_rs") if corr.get(k) is not None]
     if BYPASS_KEY in given:  # the user drives verl's switch themselves
-        mode = "rollout" if corr.get("bypass_mode") else "recompute"
-        if requested not in ("auto", mode):
-            raise ConfigError(f"algorithm.old_log_probs={requested} contradicts {BYPASS_KEY}="
-                              f"{corr.get('bypass_mode')} on the command line: set one of them")
-        return mode, f"{BYPASS_KEY} given on the command line"
-    one_step = one_optimizer_step(cfg)
-    if requested == "auto":
-        if not cfg.trainer.use_v1:
-            return "recompute", "verl's legacy trainer (trainer.use_v1=false) replaces our loss in bypass mode"
-        if correction:
-            return "recompute", f"verl's rollout correction (algorithm.rollout_correction.{correction[0]}) needs it"
-        if not one_step:
-            return "recompute", "several optimizer steps per batch (ppo_epochs or mini-batches > 1)"
-        return "update", "one optimizer step per batch: the update's own forward gives the same log-probs"
-    if requested == "recompute":
-        return "recompute", "asked for"
+        capabilities.check("verl", {"algorithm.old_log_probs": requested, BYPASS_KEY: bool(corr.get("bypass_mode"))})
+        return ("rollout" if corr.get("bypass_mode") else "recompute"), f"{BYPASS_KEY} given on the command line"
+    facts = supported.verl_facts(cfg)
+    capabilities.check("verl", {"algorithm.old_log_probs": requested, **facts})
+    if requested != "auto":
+        return requested, "asked for"
     if not cfg.trainer.use_v1:
-        raise ConfigError(f"algorithm.old_log_probs={requested} needs verl's V1 trainer (trainer.use_v1=true): the "
-                          "legacy trainer replaces our policy loss in bypass mode")
-    if correction:
-        raise ConfigError(f"algorithm.old_log_probs={requested} skips the pass verl's rollout correction needs "
-                          f"(algorithm.rollout_correction.{correction[0]} is set): use recompute")
-    if requested == "update" and not one_step:
-        actor = cfg.actor_rollout_ref.actor
-        raise ConfigError("algorithm.old_log_probs=update needs one optimizer step per batch (optim.ppo_epochs=1, "
-                          f"optim.mini_batches=1); got ppo_epochs={actor.ppo_epochs}, ppo_mini_batch_size="
-                          f"{actor.ppo_mini_batch_size} of train_batch_size={cfg.data.train_batch_size}: use recompute")
-    return requested, "asked for"
+        return "recompute", "verl's legacy trainer (trainer.use_v1=false) replaces our loss in bypass mode"
+    if facts["algorithm.rollout_correction"]:
+        key = facts["algorithm.rollout_correction"]
+        return "recompute", f"verl's rollout correction (algorithm.rollout_correction.{key}) needs it"
+    if facts[capabilities.OPTIMIZER_STEPS] != 1:
+        return "recompute", "several optimizer steps per batch (ppo_epochs or mini-batches > 1)"
+    return "update", "one optimizer step per batch: the update's own forward gives the same log-probs"
 
 
 def apply(cfg: DictConfig, requested: str, given: set[str]) -> str:

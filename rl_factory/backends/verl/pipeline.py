@@ -36,12 +36,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rl_factory import capabilities
+from rl_factory.algorithms.advantages import REQUIRED_INPUTS
+from rl_factory.backends.verl import supported
 from rl_factory.backends.verl.group import ArenaGroups, _Pending
 from rl_factory.backends.verl.plugin import registered_name
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import compute_score
 from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
-from rl_factory.config import ConfigError, plain, section
+from rl_factory.config import plain, section
 from rl_factory.pipeline import PipelineConfig, augment, build_augmenters, build_filters, check_pipeline
 from rl_factory.pipeline.filters import Filter, apply_filters
 from rl_factory.types import Group, Trajectory
@@ -51,42 +54,14 @@ log = logging.getLogger("rl_factory.verl")
 DROPPED_KEY = "rl_factory_dropped"
 GROUP_KEY = "rl_factory_group_key"
 SAMPLER_NAME = "RolloutReplayBuffer"
-# Filters that drop whole groups only: they leave verl's own grpo (needed by multi-output sessions) exact.
-WHOLE_GROUP_FILTERS = ("zero_variance",)
 
 
 def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
-    """Refuse up front what the pipeline cannot do on verl (module docstring); `cfg` is the composed config."""
-    roll, alg = ours.rollout, ours.algorithm
-    check_pipeline(_pipeline_config(roll), alg.advantage, roll.context)
-    filters = build_filters(plain(roll.filters))
-    if (filters or roll.augment) and not cfg.trainer.use_v1:
-        raise ConfigError("rollout.filters / rollout.augment on verl need trainer.use_v1=true (a prompt's n "
-                          "sessions meet in one agent-loop worker only in verl's V1 trainer)")
-    multi_output = roll.augment or roll.context == "step"
-    partial = [f.name for f in filters if f.builtin is None or f.name not in WHOLE_GROUP_FILTERS]
-    if multi_output and partial:
-        raise ConfigError(f"rollout.filters: {partial[0]} can drop part of a group, which verl cannot leave out of its "
-                          "grpo when a session has several outputs (rollout.augment or rollout.context=step); "
-                          "only zero_variance combines with them on verl")
-    if roll.augment and alg.advantage != "grpo":
-        raise ConfigError(f"rollout.augment on verl works with algorithm.advantage=grpo only (verl gives a session's "
-                          f"outputs the session's advantage only for grpo); got {alg.advantage!r}")
-    for a in build_augmenters(plain(roll.augment)):
-        if a.name == "tool_prefix" and (a.kwargs.get("normalize", True) or a.kwargs.get("decay", 1.0) != 1.0):
-            raise ConfigError(f"{a.where}: verl has no per-sample weight; use tool_prefix with "
-                              "kwargs {normalize: false, decay: 1.0} on verl")
-    ds = roll.dynamic_sampling
-    if ds.min_groups is not None:
-        if ds.min_groups != ours.data.train_batch_size:
-            raise ConfigError(f"rollout.dynamic_sampling.min_groups={ds.min_groups}: verl's batch always holds "
-                              f"data.train_batch_size={ours.data.train_batch_size} groups; set them equal")
-        if cfg.trainer.v1.trainer_mode != "sync":
-            raise ConfigError("rollout.dynamic_sampling on verl needs trainer.v1.trainer_mode=sync (verl's async "
-                              "trainers refill on their own; use their algorithm.filter_groups)")
-        if cfg.trainer.v1.sampler.custom_sampler.path not in (None, _sampler_path()):
-            raise ConfigError("rollout.dynamic_sampling on verl installs its own trainer.v1.sampler.custom_sampler; "
-                              f"{cfg.trainer.v1.sampler.custom_sampler.path} is set already")
+    """Refuse up front what verl cannot train (module docstring; the capability table, supported.py) and a
+    malformed pipeline; `cfg` is the composed config."""
+    roll = ours.rollout
+    check_pipeline(_pipeline_config(roll), ours.algorithm.advantage, roll.context, backend="verl")
+    supported.check(ours, cfg)
 
 
 def pipeline_values(ours: DictConfig) -> dict[str, Any]:
@@ -130,7 +105,7 @@ def episodic(ours: DictConfig) -> bool:
 
 
 def _sampler_path() -> str:
-    return "pkg://rl_factory.backends.verl.pipeline"
+    return supported.OUR_SAMPLER_PATH
 
 
 class PipelineGroups(ArenaGroups):
@@ -143,7 +118,7 @@ class PipelineGroups(ArenaGroups):
 
     @classmethod
     def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> PipelineGroups:
-        arena = ArenaGroups.from_config(ours, tools, out_dir).arena if ours.algorithm.advantage == "arena" else None
+        arena = ArenaGroups.from_config(ours, tools, out_dir).arena if tournament(ours) else None
         out_dir.mkdir(parents=True, exist_ok=True)
         settings = {"reward": plain(ours.reward), "tools": plain(ours.env.tools)}
         return cls(build_filters(plain(ours.rollout.filters)), settings, arena, tools, out_dir)
@@ -184,12 +159,18 @@ class PipelineGroups(ArenaGroups):
         return await self.arena.score_groups(groups, step, group_ids=[uid])
 
 
+def tournament(ours: DictConfig) -> bool:
+    """Whether the estimator ranks a prompt's rollouts by tournament: it declares `requires=("scores",)`
+    (rl_factory/algorithms/advantages.py; `arena`)."""
+    return "scores" in REQUIRED_INPUTS.get(ours.algorithm.advantage, ())
+
+
 def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:
     """The per-prompt rendezvous of an agent-loop worker: filters (and arena), arena alone, or none."""
     if ours.rollout.filters:
-        where = "arena" if ours.algorithm.advantage == "arena" else "pipeline"
+        where = "arena" if tournament(ours) else "pipeline"
         return PipelineGroups.from_config(ours, tools, output_dir / where / worker)
-    if ours.algorithm.advantage == "arena":
+    if tournament(ours):
         return ArenaGroups.from_config(ours, tools, output_dir / "arena" / worker)
     return None
 
@@ -205,9 +186,12 @@ async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Tra
         _AUGMENTERS[id(config)] = (config, build_augmenters(plain(config.rl_factory.rollout.augment)))
     await augment(_AUGMENTERS[id(config)][1], [traj])
     heavy = sorted({s.weight for s in traj.steps if s.weight != 1.0})
-    if heavy:
-        raise ValueError(f"sample {traj.sample_index}: rollout.augment made views of weight {heavy[0]}; verl has no "
-                         "per-sample weight, so on verl every view must weigh 1")
+    if heavy:  # a user augmenter's weights: known only now
+        names = tuple(a.name for a in _AUGMENTERS[id(config)][1])
+        try:
+            capabilities.check("verl", {"rollout.augment": names, capabilities.VIEW_WEIGHT: heavy[0]})
+        except capabilities.Unsupported as exc:
+            raise ValueError(f"sample {traj.sample_index}: {exc}") from None
     return traj
 
 

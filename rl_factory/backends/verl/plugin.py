@@ -65,7 +65,7 @@ def _outcome_estimator(name: str):
     def estimator(token_level_rewards, response_mask, index=None, config=None, **_: Any):
         import torch
 
-        from rl_factory.algorithms.advantages import AdvantageInputs, estimate
+        from rl_factory.algorithms.advantages import REQUIRED_INPUTS, AdvantageInputs, estimate
 
         mask = response_mask.to(token_level_rewards.dtype)
         # The outcome reward sits on the last response token (verl's rm_scores); summing is exact.
@@ -76,7 +76,8 @@ def _outcome_estimator(name: str):
         live = (mask.sum(-1) > 0).cpu()
         rows = live.nonzero()[:, 0].tolist()
         rewards_live = rewards.detach().double().cpu()[live]
-        scores = rewards_live if name == "arena" else None  # arena: the agent loop put tournament scores there
+        # a tournament estimator (arena): the agent loop put tournament scores where the rewards are
+        scores = rewards_live if "scores" in REQUIRED_INPUTS[name] else None
         options = dict(advantage_options())
         if name == "grpo" and config is not None and "norm_by_std" not in options:
             options["norm_by_std"] = bool(config.get("norm_adv_by_std_in_grpo", True))
