@@ -28,20 +28,46 @@ BUILTIN_TOKENIZERS: Registry[Callable[..., Any]] = Registry("builtin tokenizer")
 register_builtin_tokenizer = BUILTIN_TOKENIZERS.register
 
 
+@dataclass
+class BuildPlan:
+    """Where a builtin model is cached, and `estimate() -> (steps at most, seconds a step here)` of its build."""
+
+    path: Path
+    estimate: Callable[[], tuple[int, float]]
+
+    @property
+    def built(self) -> bool:
+        return (self.path / "config.json").exists()
+
+
+# What building each builtin model would cost, for `--doctor` (one with no plan is not described)
+BUILTIN_PLANS: Registry[Callable[..., BuildPlan]] = Registry("builtin build plan")
+register_builtin_plan = BUILTIN_PLANS.register
+
+
 @register_builtin_model("tiny-calculator")
 def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
     from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
 
+    # One model for every manifest (`tools` only reach it through the chat template at run time).
     # Always built on the CPU: the same seed gives the same model on every machine (GPU kernels
-    # would give a slightly different one), and the build takes about two minutes either way.
-    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
+    # would give a slightly different one).
+    return ensure_tiny_model(TinyModelConfig(seed=seed), log=log)
 
 
 @register_builtin_tokenizer("tiny-calculator")
 def _tiny_calculator_tokenizer(tools: list[dict], seed: int):
     from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
 
-    return tiny_tokenizer(tools, TinyModelConfig(seed=seed))
+    return tiny_tokenizer(TinyModelConfig(seed=seed))
+
+
+@register_builtin_plan("tiny-calculator")
+def _tiny_calculator_plan(tools: list[dict], seed: int) -> BuildPlan:
+    from rl_factory.models.tiny import TinyModelConfig, build_estimate, built_dir
+
+    cfg = TinyModelConfig(seed=seed)
+    return BuildPlan(built_dir(cfg), lambda: build_estimate(cfg))
 
 
 @register_builtin_model("tiny-guess")

@@ -291,6 +291,29 @@ async def chat_template(doc) -> str:
     return f"{where}: eos {tokenizer.eos_token!r}"
 
 
+@check("model build", needs=("model", "tools"))
+async def model_build(doc) -> str | None:
+    """A builtin model: built already (where), or what the first run's build will cost on this machine."""
+    model = doc.state["model"]
+    if not model.path.startswith("builtin:"):
+        return None
+    from rl_factory.policy import BUILTIN_PLANS
+
+    plan_of = BUILTIN_PLANS.get(model.path.split(":", 1)[1])
+    if plan_of is None:
+        return None
+    plan = plan_of(doc.state["tools"], int(doc.state["cfg"].seed))
+    if plan.built:
+        return f"{model.path} is built ({plan.path}); no build before the first step"
+    import os
+
+    steps, step_s = plan.estimate()
+    load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs" if hasattr(os, "getloadavg") else ""
+    return (f"{model.path} is not built yet: the first run builds it once into {plan.path} (at most {steps} "
+            f"warm-start steps at ~{step_s:.2f}s here: at most {steps * step_s / 60:.1f} min{load}), "
+            f"then every task reuses it")
+
+
 @check("tool schemas fit", needs=("fmt", "all_rows", "rollout"))
 async def tool_schemas(doc) -> str:
     prompts = [row["messages"] for row in doc.state["all_rows"][:PROMPT_ROWS]]
