@@ -7,7 +7,8 @@
                                                    hidden arguments filled from it (call runs in its episode)
 
 Exit codes: 0 ok; 1 the tool returned an error (its text is still printed); 2 a bad manifest, a
-server that does not start, or bad CLI input, reported as one line on stderr without traceback.
+server that does not start, or bad CLI input, reported as one line on stderr without traceback (a
+server that does not start: its last stderr lines follow, indented, and the path of its log).
 """
 from __future__ import annotations
 
@@ -99,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except (ManifestError, ToolEnvError, CLIError) as err:
-        message = " ".join(str(err).split())  # one line, even when a server's stderr is quoted
-        print(f"python -m envs {args.command}: error: {message}", file=sys.stderr)
+        first, *quoted = str(err).split("\n")
+        # One line; a server's stderr, when the error quotes it, on indented lines after it
+        print(f"python -m envs {args.command}: error: {' '.join(first.split())}", *quoted, sep="\n", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
