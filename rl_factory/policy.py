@@ -259,7 +259,7 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     check_hub_model(path)  # a hub id with no network: one line now, not a minute of retries
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
     if local and not Path(path).expanduser().is_dir():
-        raise ConfigError(f"model.path: local directory {path} does not exist")
+        raise ConfigError(f"model.path: local directory {path} does not exist (looked at {Path(path).expanduser().resolve()})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         # read before loading (loading in fp32 rewrites the config's dtype); a LoRA checkpoint's is its base's
