@@ -23,8 +23,8 @@ Secrets: `env` and `headers` values are never printed; see envs.secrets for what
 How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of our env):
   * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
     sees the same virtualenv as the trainer.
-  * A relative `cwd`, and (when no `cwd` is set) a relative argument, that names something in the
-    manifest file's directory is made absolute there (`args: [server.py]` next to the manifest works
+  * A relative `command` path (one with a `/`), a relative `cwd`, and (when no `cwd` is set) a relative
+    argument, that names something in the manifest file's directory is made absolute there (`args: [server.py]` next to the manifest works
     from any working directory, as a function file does); any other relative path is passed unchanged
     and resolves against the trainer's working directory. The child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`),
     the git repository holding the manifest, and the trainer's own `PYTHONPATH`, after any
@@ -366,6 +366,8 @@ def _resolve_stdio(spec: ServerSpec, repo: Path | None, base_dir: Path | None = 
              str(repo) if repo else "", os.environ.get("PYTHONPATH", "")]
     pythonpath = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # ordered, no duplicates
     update = {"command": command, "env": {**spec.env, "PYTHONPATH": pythonpath}}
+    if base_dir is not None and os.sep in command:  # a bare name is looked up on PATH, not here
+        update["command"] = _next_to(command, base_dir)
     if base_dir is not None:
         if spec.cwd is None:
             update["args"] = [_next_to(arg, base_dir) for arg in spec.args]

@@ -148,5 +148,6 @@ def print_next_steps(task: Path, name: str) -> None:
     print(f"wrote {display(task)}{os.sep}: {listed}\n"
           f"\ntry its tools:\n  {cmd['tools']}\n  {cmd['call']}\n"
           f"\ncheck the setup (no training):\n  {cmd['doctor']}\n"
-          f"\ntrain 3 steps (raise trainer.total_steps for a real run; outputs/{name}/ holds the run):\n  {cmd['train']}\n"
+          f"\ntrain 3 steps (raise trainer.total_steps for a real run; the run directory is "
+          f"{display(PROJECT_ROOT / 'outputs' / name)}):\n  {cmd['train']}\n"
           f"\nevaluate the checkpoint:\n  {cmd['eval']}")
