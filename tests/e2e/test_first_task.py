@@ -88,3 +88,13 @@ def test_it_trains_with_the_builtin_model_and_the_checkpoint_evaluates(task):
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((run_dir / "checkpoints" / "step_000003" / "eval" / "results.json").read_text())
     assert len(results["per_row"]) == 5
+
+
+def test_the_quickstart_shows_the_commands_the_scaffold_prints_from_the_repository_root(monkeypatch):
+    from envs.scaffold import commands
+
+    monkeypatch.chdir(REPO)
+    page = (REPO / "docs" / "quickstart.md").read_text()
+    for name, command in commands(REPO / "word_count", "word_count").items():
+        assert f"\n  {command}\n" in page, (name, command)
+    assert f"\n{commands(REPO / 'word_count', 'word_count')['eval']}\n" in page  # section 3 runs it as printed
