@@ -30,7 +30,8 @@ def _file(value: str, caller: Path, here: Path) -> str:
 
 
 def _not_a_path(value: str) -> bool:
-    return value.startswith(("~", "$", "{", "builtin:")) or "://" in value or value in ("null", "None")
+    # quoted values, interpolations, mappings and URLs are the config's to parse
+    return value.startswith(("~", "$", "{", "'", '"', "builtin:")) or "://" in value or value in ("null", "None")
 
 
 def _local_model(value: str, caller: Path, here: Path) -> str:

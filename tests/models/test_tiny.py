@@ -1,9 +1,15 @@
 """The built-in model's tokenizer: the object `build_tokenizer` returns is the one a saved model loads."""
 import json
+import os
+import re
+import sys
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from rl_factory.models.tiny import SPECIAL_TOKENS, TAG_TOKENS, build_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
 
 TEXT = ("<|im_start|>assistant\n<think>\nadd them\n</think>\n<tool_call>\n{\"name\": \"calculator\", "
         "\"arguments\": {\"expression\": \"2 + 3\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n5\n"
@@ -49,3 +55,33 @@ def test_one_builtin_model_for_every_manifest_and_the_doctor_says_what_its_build
     steps, step_s = plans[0].estimate()
     assert steps == 1000 and 0 < step_s < 60
     assert not any(tmp_path.rglob("config.json"))  # estimating built nothing
+
+
+def test_build_progress_without_a_terminal_logs_the_time_left_and_an_early_stop_shortens_it():
+    from rl_factory.models.warmstart import BuildProgress
+
+    lines: list[str] = []
+    progress = BuildProgress(100, log=lines.append, every=10)
+    for step in range(20):
+        progress.step("mechanics", step, 80, 1.0)
+    assert len(lines) == 2 and lines[0].startswith("mechanics step 10/80 loss 1.000 (") and "left)" in lines[0]
+    assert re.search(r"at most \d+s left\)$", lines[1]), lines[1]
+    progress.skip("mechanics", 19, 80, 0.01)
+    assert progress.total == 40 and "done early" in lines[-1]
+
+
+def test_the_build_draws_a_progress_bar_with_an_eta_on_a_terminal(tmp_path, calculator_tools):
+    from tests.fakes.terminal import run_in_terminal
+
+    script = ("import json, sys\nfrom pathlib import Path\n"
+              "from rl_factory.models.tiny import TinyModelConfig, build_tiny_model\n"
+              "from rl_factory.models.warmstart import WarmStartConfig\n"
+              "cfg = TinyModelConfig(warmstart=WarmStartConfig(num_transcripts=200, mechanics_steps=6, decision_steps=4,"
+              " batch_size=4))\n"
+              f"build_tiny_model(Path(sys.argv[1]), json.loads({json.dumps(json.dumps(calculator_tools))}), cfg)\n")
+    (tmp_path / "build.py").write_text(script)
+    code, screen = run_in_terminal([sys.executable, str(tmp_path / "build.py"), str(tmp_path / "model")],
+                                   cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert code == 0, screen[-2000:]
+    assert re.search(r"building the default model: 100%\|.*\| 10/10 \[\d\d:\d\d<00:00", screen), screen[-2000:]
+    assert (tmp_path / "model" / "config.json").exists()
