@@ -37,6 +37,7 @@ def timed_lines(command: list[str], cwd: Path, env: dict[str, str], log: Path) -
             for text in raw.decode("utf-8", "replace").replace("\r", "\n").splitlines():
                 lines.append((time.perf_counter() - t0, text))
                 out.write(f"+{lines[-1][0]:7.1f}s {text}\n")
+                out.flush()
     return proc.wait(), lines
 
 
