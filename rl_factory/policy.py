@@ -2,7 +2,8 @@
 
 `model.path` is a Hugging Face hub id, a local directory, or `builtin:<name>` for a model the
 project builds itself (the registry `BUILTIN_MODELS`; `builtin:tiny-calculator` is the embedded
-default, `builtin:tiny-guess` plays examples/guess). Weights stay fp32 so AdamW updates keep full
+default, one model for every manifest; `builtin:tiny-calculator-task` the same warm start with the
+task's own tool schemas, built once per tool set; `builtin:tiny-guess` plays examples/guess). Weights stay fp32 so AdamW updates keep full
 precision; on GPU, compute runs under bf16 autocast for checkpoints published in half precision
 (`model.dtype=auto`).
 """
@@ -68,6 +69,30 @@ def _tiny_calculator_plan(tools: list[dict], seed: int) -> BuildPlan:
 
     cfg = TinyModelConfig(seed=seed)
     return BuildPlan(built_dir(cfg), lambda: build_estimate(cfg))
+
+
+@register_builtin_model("tiny-calculator-task")
+def _tiny_calculator_task(tools: list[dict], seed: int, log) -> Path:
+    from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
+
+    # Chosen explicitly: a build per tool set, so that the task's schemas tokenize as compactly as the
+    # calculator's do for tiny-calculator (the model still learned the format on the calculator).
+    return ensure_tiny_model(TinyModelConfig(seed=seed), log=log, tools=tools)
+
+
+@register_builtin_tokenizer("tiny-calculator-task")
+def _tiny_calculator_task_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
+
+    return tiny_tokenizer(TinyModelConfig(seed=seed), tools)
+
+
+@register_builtin_plan("tiny-calculator-task")
+def _tiny_calculator_task_plan(tools: list[dict], seed: int) -> BuildPlan:
+    from rl_factory.models.tiny import TinyModelConfig, build_estimate, built_dir
+
+    cfg = TinyModelConfig(seed=seed)
+    return BuildPlan(built_dir(cfg, tools), lambda: build_estimate(cfg))
 
 
 @register_builtin_model("tiny-guess")

@@ -5,7 +5,10 @@ Built on first use, deterministically from a seed, and cached under `~/.cache/rl
 There is one such model whatever the manifest: the warm start teaches the tool-call *format* with
 the calculator's schema (`CALCULATOR_TOOLS`), and a task's own tools reach the model through the
 tool schemas its chat template renders into the system turn. A new manifest therefore never waits on
-a build; the build itself shows a progress bar with an ETA (warmstart.BuildProgress).
+a build; the build itself shows a progress bar with an ETA (warmstart.BuildProgress). The tokenizer
+merges what it was trained on, so another task's schemas take more prompt tokens than the
+calculator's; `builtin:tiny-calculator-task` is the explicit choice of a model warm-started (and its
+tokenizer trained) with the task's own schemas, built once per tool set.
 The result is an ordinary Hugging Face directory: `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load it, with a chat template in the Qwen3/Hermes tool format.
 
@@ -73,20 +76,24 @@ def build_key(cfg: TinyModelConfig, tools: list[dict]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def built_dir(cfg: TinyModelConfig | None = None) -> Path:
-    """Where the builtin model of `cfg` is (or will be) cached."""
+def built_dir(cfg: TinyModelConfig | None = None, tools: list[dict] | None = None) -> Path:
+    """Where the builtin model of `cfg` is (or will be) cached; `tools`: warm-started with these
+    schemas instead of the calculator's (`builtin:tiny-calculator-task`)."""
     cfg = cfg or TinyModelConfig()
-    return cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, CALCULATOR_TOOLS)}"
+    return cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, CALCULATOR_TOOLS if tools is None else tools)}"
 
 
-def ensure_tiny_model(cfg: TinyModelConfig | None = None, log=print, device: str = "cpu") -> Path:
-    """Return the directory of the built model, building and caching it on first use (once per
-    cache: every manifest uses the same model)."""
+def ensure_tiny_model(cfg: TinyModelConfig | None = None, log=print, device: str = "cpu",
+                      tools: list[dict] | None = None) -> Path:
+    """Return the directory of the built model, building and caching it on first use: once per cache
+    for the calculator's schemas (every manifest uses that model), once per tool set with `tools`."""
     cfg = cfg or TinyModelConfig()
     steps = cfg.warmstart.mechanics_steps + cfg.warmstart.decision_steps
-    return cached_build(built_dir(cfg), lambda tmp: build_tiny_model(tmp, CALCULATOR_TOOLS, cfg, log=log, device=device),
-                        log, what=f"the embedded default model (once: every task reuses it; at most {steps} "
-                                  f"warm-start steps, a progress bar shows the ETA)")
+    what = ("the embedded default model (once: every task reuses it" if tools is None else
+            "a tiny model warm-started with this task's tool schemas (once per tool set")
+    schemas = CALCULATOR_TOOLS if tools is None else tools
+    return cached_build(built_dir(cfg, tools), lambda tmp: build_tiny_model(tmp, schemas, cfg, log=log, device=device),
+                        log, what=f"{what}; at most {steps} warm-start steps, a progress bar shows the ETA)")
 
 
 def cached_build(out: Path, build, log=print, what: str = "a builtin model") -> Path:
@@ -143,15 +150,15 @@ def _tokenizer_and_transcripts(tools: list[dict], cfg: TinyModelConfig):
     return build_tokenizer(corpus, cfg.vocab_size), mechanics, decision
 
 
-def tiny_tokenizer(cfg: TinyModelConfig | None = None):
+def tiny_tokenizer(cfg: TinyModelConfig | None = None, tools: list[dict] | None = None):
     """The tokenizer the built model has (from the cache if built; else in about a second, without
     training the model): what `--doctor` needs to check the chat template."""
     from transformers import AutoTokenizer
 
-    built = built_dir(cfg)
+    built = built_dir(cfg, tools)
     if (built / "config.json").exists():
         return AutoTokenizer.from_pretrained(built)
-    return _tokenizer_and_transcripts(CALCULATOR_TOOLS, cfg or TinyModelConfig())[0]
+    return _tokenizer_and_transcripts(CALCULATOR_TOOLS if tools is None else tools, cfg or TinyModelConfig())[0]
 
 
 def build_estimate(cfg: TinyModelConfig | None = None, probe_steps: int = 3) -> tuple[int, float]:

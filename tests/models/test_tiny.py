@@ -85,3 +85,27 @@ def test_the_build_draws_a_progress_bar_with_an_eta_on_a_terminal(tmp_path, calc
     assert code == 0, screen[-2000:]
     assert re.search(r"building the default model: 100%\|.*\| 10/10 \[\d\d:\d\d<00:00", screen), screen[-2000:]
     assert (tmp_path / "model" / "config.json").exists()
+
+
+def test_a_task_warm_start_is_an_explicit_model_built_per_tool_set_whose_tokenizer_fits_its_schemas(tmp_path,
+                                                                                                     monkeypatch):
+    """`builtin:tiny-calculator-task`: chosen by name, cached per tool set (the calculator's is the default model
+    itself), and its tokenizer folds the task's tool preamble as the default's folds the calculator's."""
+    from rl_factory.models.tiny import CALCULATOR_TOOLS
+    from rl_factory.policy import BUILTIN_PLANS, BUILTIN_TOKENIZERS
+
+    monkeypatch.setenv("RL_FACTORY_CACHE", str(tmp_path))
+    words = [{"type": "function", "function": {
+        "name": "word_count", "description": "Count the words in a text (runs of characters between whitespace).",
+        "parameters": {"properties": {"text": {"title": "Text", "type": "string"}}, "required": ["text"],
+                       "type": "object", "title": "word_countArguments"}}}]
+    task = BUILTIN_PLANS["tiny-calculator-task"]
+    assert task(words, 0).path != task(CALCULATOR_TOOLS, 0).path == BUILTIN_PLANS["tiny-calculator"](words, 0).path
+    prompt = [{"role": "user", "content": 'How many words are in this text: "a b c"?'}]
+    sizes = {}
+    for name in ("tiny-calculator", "tiny-calculator-task"):
+        tok = BUILTIN_TOKENIZERS[name](words, 0)
+        sizes[name] = len(tok.encode(tok.apply_chat_template(prompt, tools=words, add_generation_prompt=True,
+                                                             tokenize=False)))
+    assert sizes["tiny-calculator-task"] * 2 < sizes["tiny-calculator"], sizes
+    assert not any(tmp_path.rglob("config.json"))
