@@ -7,6 +7,8 @@
 # (with env.environment), and the failures by cause; writes results.json and rollouts.jsonl to
 # eval.output_dir (default: <checkpoint>/eval). Config: configs/eval.yaml.
 set -euo pipefail
+# Relative paths in the arguments are the caller's (rl_factory/paths.py); the config's defaults the project's.
+export RL_FACTORY_CALLER_CWD="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 if [ -z "${PYTHON:-}" ]; then  # $PYTHON if set, else the project's .venv

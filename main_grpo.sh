@@ -6,6 +6,8 @@
 # Config: configs/grpo.yaml. Outputs: outputs/<experiment_name>/ (metrics.jsonl, rollouts/, checkpoints/).
 # A killed run continues from its last checkpoint when started again with the same arguments.
 set -euo pipefail
+# Relative paths in the arguments are the caller's (rl_factory/paths.py); the config's defaults the project's.
+export RL_FACTORY_CALLER_CWD="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # --- environment --------------------------------------------------------------------------------

@@ -89,18 +89,11 @@ def shape_config_dir(shape: str, out: Path) -> Path:
 
     Its own directory: a `model-<shape>` with a config but no weights would pass for a built model.
     """
-    import asyncio
-
-    from rl_factory.components import EnvConfig, open_env
     from rl_factory.models.tiny import tiny_tokenizer
 
     target = out / f"config-{shape}"
     if not (target / "config.json").exists():
-        async def tools():
-            async with open_env(EnvConfig(tools=str(ROOT / "configs/tools/calculator.yaml"))) as env:
-                return await env.list_tools()
-
-        tok = tiny_tokenizer(asyncio.run(tools()))  # the builtin model's tokenizer, without training it
+        tok = tiny_tokenizer()  # the builtin model's tokenizer, without training it
         shape_config(shape, tok).save_pretrained(target)
         tok.save_pretrained(target)
     return target

@@ -5,9 +5,12 @@
     python -m envs call MANIFEST TOOL '{"a": 1}'   the result text
     ... --sample '{"db_path": "x.db"}'             a dataset row: `scope: episode` servers are started for it,
                                                    hidden arguments filled from it (call runs in its episode)
+    python -m envs new-server NAME [--dir DIR]     write DIR/NAME/ (server, manifest, reward, data) and print
+                                                   the commands that check, train and evaluate it (envs.scaffold)
 
 Exit codes: 0 ok; 1 the tool returned an error (its text is still printed); 2 a bad manifest, a
-server that does not start, or bad CLI input, reported as one line on stderr without traceback.
+server that does not start, or bad CLI input, reported as one line on stderr without traceback (a
+server that does not start: its last stderr lines follow, indented, and the path of its log).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 from envs.episode import EpisodeError
 from envs.manifest import ManifestError
@@ -73,7 +77,18 @@ async def call_tool(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-COMMANDS = {"list": list_tools, "call": call_tool}
+async def new_server(args: argparse.Namespace) -> int:
+    from envs.scaffold import print_next_steps, scaffold
+
+    try:
+        task = scaffold(args.name, Path(args.dir))
+    except (ValueError, FileExistsError) as err:
+        raise CLIError(str(err)) from None
+    print_next_steps(task, args.name)
+    return 0
+
+
+COMMANDS = {"list": list_tools, "call": call_tool, "new-server": new_server}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--log-dir", default=None, help="write stdio servers' stderr here")
         cmd.add_argument("--sample", default=None, help="a dataset row as JSON, for scope: episode servers "
                                                         "and hidden arguments that name ${sample.*}")
+    new = sub.add_parser("new-server", help="write a new task (MCP server, manifest, reward, data) to train")
+    new.add_argument("name", help="the task's and its server's name (letters, digits, _)")
+    new.add_argument("--dir", default=".", help="where DIR/NAME/ is written (default: the working directory)")
     return parser
 
 
@@ -99,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except (ManifestError, ToolEnvError, CLIError) as err:
-        message = " ".join(str(err).split())  # one line, even when a server's stderr is quoted
-        print(f"python -m envs {args.command}: error: {message}", file=sys.stderr)
+        first, *quoted = str(err).split("\n")
+        # One line; a server's stderr, when the error quotes it, on indented lines after it
+        print(f"python -m envs {args.command}: error: {' '.join(first.split())}", *quoted, sep="\n", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

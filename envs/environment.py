@@ -91,7 +91,9 @@ def _import(spec: str, base_dir: Path | None) -> type:
             if not path.is_absolute() and base_dir is not None and (base_dir / path).is_file():
                 path = base_dir / path
             if not path.is_file():
-                raise EnvironmentLoadError(f"env.environment: file not found: {target}")
+                looked = [base_dir / target] if base_dir is not None and not Path(target).is_absolute() else []
+                raise EnvironmentLoadError(f"env.environment: file not found: {target} (looked at "
+                                           f"{', '.join(str(p.resolve()) for p in [*looked, path])})")
             if str(path.resolve().parent) not in sys.path:  # like `python file.py`: its helpers import
                 sys.path.insert(0, str(path.resolve().parent))
             module = import_file(path, "_rl_factory_environment")

@@ -169,8 +169,8 @@ def _import_file(target: str, base_dir: Path | None):
     candidates = [base_dir / target] if base_dir is not None and not Path(target).is_absolute() else []
     path = next((p for p in [*candidates, Path(target)] if p.is_file()), None)
     if path is None:
-        raise ManifestError(f"file not found: {target}" + (f" (looked in {base_dir} and the current "
-                                                           f"directory)" if candidates else ""))
+        looked = ", ".join(str(p.resolve()) for p in [*candidates, Path(target)])
+        raise ManifestError(f"file not found: {target} (looked at {looked})")
     return import_file(path, "_rlf_tools")
 
 

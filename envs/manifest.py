@@ -26,8 +26,10 @@ Secrets: `env` and `headers` values are never printed; see envs.secrets for what
 How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of our env):
   * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
     sees the same virtualenv as the trainer.
-  * Relative `cwd` and `args` are passed unchanged (they resolve against the trainer's cwd), but
-    the child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`),
+  * A relative `command` path (one with a `/`), a relative `cwd`, and (when no `cwd` is set) a relative
+    argument, that names something in the manifest file's directory is made absolute there (`args: [server.py]` next to the manifest works
+    from any working directory, as a function file does); any other relative path is passed unchanged
+    and resolves against the trainer's working directory. The child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`),
     the git repository holding the manifest, and the trainer's own `PYTHONPATH`, after any
     `PYTHONPATH` the manifest sets. That is what makes `-m envs.servers.calculator` work from
     any working directory.
@@ -297,13 +299,13 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         path = ("mcpServers", name)
         spec._secrets = server_secrets(raw["mcpServers"][name], path, substitutions)
         protect(spec._secrets)
-        servers[name] = _resolve_stdio(spec, repo) if spec.transport == "stdio" else spec
+        servers[name] = _resolve_stdio(spec, repo, base_dir) if spec.transport == "stdio" else spec
     return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir, repo=repo)
 
 
 def _read(path: Path) -> Any:
     if not path.is_file():
-        raise ManifestError(f"tool manifest not found: {path}")
+        raise ManifestError(f"tool manifest not found: {path} (looked at {path.resolve()})")
     text = path.read_text(encoding="utf-8")
     try:
         # JSON is parsed as JSON so its errors read as JSON errors; RL-Factory's .pydata as a Python
@@ -417,12 +419,28 @@ def _known_keys(parent_loc: list[str]) -> list[str]:
     return list(model.model_fields) + (["type"] if model is ServerSpec else [])
 
 
-def _resolve_stdio(spec: ServerSpec, repo: Path | None) -> ServerSpec:
+def _resolve_stdio(spec: ServerSpec, repo: Path | None, base_dir: Path | None = None) -> ServerSpec:
     command = sys.executable if spec.command in PYTHON_COMMANDS else spec.command
     paths = [spec.env.get("PYTHONPATH", ""), str(PROJECT_ROOT),
              str(repo) if repo else "", os.environ.get("PYTHONPATH", "")]
     pythonpath = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # ordered, no duplicates
-    return spec.model_copy(update={"command": command, "env": {**spec.env, "PYTHONPATH": pythonpath}})
+    update = {"command": command, "env": {**spec.env, "PYTHONPATH": pythonpath}}
+    if base_dir is not None and os.sep in command:  # a bare name is looked up on PATH, not here
+        update["command"] = _next_to(command, base_dir)
+    if base_dir is not None:
+        if spec.cwd is None:
+            update["args"] = [_next_to(arg, base_dir) for arg in spec.args]
+        else:
+            update["cwd"] = _next_to(spec.cwd, base_dir)
+    return spec.model_copy(update=update)
+
+
+def _next_to(value: str, base_dir: Path) -> str:
+    """`value` made absolute under the manifest's directory when it is a relative path that exists there."""
+    if not value or value.startswith(("-", "~", "$")) or os.path.isabs(value) or "://" in value:
+        return value
+    candidate = base_dir / value
+    return str(candidate) if candidate.exists() else value
 
 
 def _git_root(path: Path) -> Path | None:

@@ -22,9 +22,11 @@ not UTF-8) is logged by the SDK and skipped: we decode with errors="replace", so
 kill the reader. Messages we print or log pass through `spec.redact` (no secrets).
 
 A stdio server's stderr goes to `<log_dir>/<server>.log`, or to an anonymous temporary file when
-no log dir is given; either way its tail is quoted when the server fails to start. `log_to` moves
-it into a directory later (what it wrote so far included), so a run can start its servers before
-it writes anything into its run directory.
+no log dir is given. When the server fails to start, the error quotes its last `STDERR_TAIL_LINES`
+lines whole (a traceback's end is the exception and its hint) on the lines after the first, and
+names the log file; an anonymous log is first kept as `<tmp>/rl_factory-tool-logs/<server>-<pid>.log`
+so that there is a file to name. `log_to` moves the log into a directory later (what it wrote so far
+included), so a run can start its servers before it writes anything into its run directory.
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ from rl_factory.errors import UserError
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # the SDK's stdio shutdown is bounded by ~6 s (close stdin, TERM, KILL)
-STDERR_TAIL_CHARS = 1500
+STDERR_TAIL_LINES = 20  # lines of a server's stderr quoted when it fails to start
+STDERR_TAIL_BYTES = 64 * 1024  # read from the log's end to find them
 # JSON-RPC codes the SDK raises on the client side (mcp_types.CONNECTION_CLOSED / REQUEST_TIMEOUT).
 CONNECTION_CLOSED, REQUEST_TIMEOUT = -32000, -32001
 # How the SDK's and our own byte caps word a dropped message (httpx2 SSEError, envs.transports).
@@ -143,9 +146,7 @@ class MCPServerConnection:
             owner.cancel()
             await asyncio.gather(owner, return_exceptions=True)
             self._start_cause = f"not ready within startup_timeout_s={self.spec.startup_timeout_s:g}s"
-            tail = self._stderr_tail()
-            raise ServerStartError(f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: "
-                                   f"{self._start_cause}" + (f" | server stderr: {tail}" if tail else ""))
+            raise ServerStartError(self._start_message(self._start_cause))
         ready.result()
 
     async def _stop_owner(self) -> None:
@@ -304,24 +305,53 @@ class MCPServerConnection:
         if isinstance(_leaf(exc), ServerStartError):
             self._start_cause = str(_leaf(exc))
             return self._start_cause
-        cause = self.spec.redact(_root_cause(exc))
-        self._start_cause = cause
+        self._start_cause = self.spec.redact(_root_cause(exc))
+        return self._start_message(self._start_cause)
+
+    def _start_message(self, cause: str) -> str:
+        """The start-up error: one line, then the server's last stderr lines (whole) and where its log is."""
+        head = f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: {cause}"
         tail = self._stderr_tail()
-        return (f"MCP server '{self.name}' ({describe_transport(self.spec)}) failed to start: "
-                f"{cause}" + (f" | server stderr: {tail}" if tail else ""))
+        if not tail:
+            return head
+        where = self._kept_log()
+        shown = len(tail.splitlines())
+        return (f"{head}\n  its stderr, last {shown} line(s)" + (f" (all of it: {where})" if where else "") + ":\n"
+                + "\n".join(f"    {line}" for line in tail.splitlines()))
+
+    def _kept_log(self) -> str:
+        """The path of this server's stderr log; an anonymous one is copied to a temp file first."""
+        if self._log_dir is not None:
+            return str((self._log_dir / f"{self.name}.log").resolve())
+        if self._errlog is None or self._errlog.closed:
+            return ""
+        try:
+            keep = Path(tempfile.gettempdir()) / "rl_factory-tool-logs"
+            keep.mkdir(parents=True, exist_ok=True)
+            path = keep / f"{self.name}-{os.getpid()}.log"
+            self._errlog.flush()
+            self._errlog.seek(0)
+            path.write_bytes(self.spec.redact(self._errlog.read().decode("utf-8", "replace")).encode())
+            return str(path)
+        except OSError:  # diagnostics must never stand in the way of reporting the failure
+            return ""
 
     def _stderr_tail(self, last_line: bool = False) -> str:
-        """The end of a stdio server's stderr log ('' for HTTP servers or an empty log)."""
+        """The last whole lines of a stdio server's stderr log ('' for HTTP servers or an empty log)."""
         if self._errlog is None or self._errlog.closed:
             return ""
         fd = self._errlog.fileno()
         try:
             size = os.fstat(fd).st_size
-            text = os.pread(fd, STDERR_TAIL_CHARS, max(0, size - STDERR_TAIL_CHARS))
+            start = max(0, size - STDERR_TAIL_BYTES)
+            text = os.pread(fd, STDERR_TAIL_BYTES, start)
         except OSError:  # diagnostics must never stand in the way of reporting the failure
             return ""
-        lines = self.spec.redact(text.decode("utf-8", "replace")).strip().splitlines()
-        return (lines[-1] if last_line else "\n".join(lines)) if lines else ""
+        lines = self.spec.redact(text.decode("utf-8", "replace")).rstrip().splitlines()
+        if start > 0:
+            lines = lines[1:]  # the read began mid-line: that line is not whole
+        lines = [line for line in lines if line.strip()]
+        return (lines[-1] if last_line else "\n".join(lines[-STDERR_TAIL_LINES:])) if lines else ""
 
 
 # ---- helpers -----------------------------------------------------------------------------------

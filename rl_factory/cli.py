@@ -1,7 +1,9 @@
 """Entry points behind main_grpo.sh and main_eval.sh.
 
 `python -m rl_factory.cli train key=value ...` and `python -m rl_factory.cli eval key=value ...`
-compose the Hydra config and run; `--doctor` checks the setup instead (rl_factory/doctor).
+compose the Hydra config and run; `--doctor` checks the setup instead (rl_factory/doctor). Relative
+paths among the overrides resolve against the directory the scripts were started from
+(rl_factory.paths).
 Mistakes a user can make (a misspelled key, a missing file, a bad manifest, a reward that raises)
 end with exit code 2 and one line naming the problem; a traceback is printed only for what looks
 like a bug (set RL_FACTORY_DEBUG=1 to always see it).
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("train", "eval"):
         print("usage: python -m rl_factory.cli {train|eval} [key=value ...]", file=sys.stderr)
         return 2
-    command, overrides = argv[0], argv[1:]
+    from rl_factory.paths import caller_paths
+
+    command, overrides = argv[0], caller_paths(argv[1:])
     from rl_factory.config import load_config
     from rl_factory.run import setup_logging
 

@@ -87,7 +87,7 @@ def open_env(cfg: EnvConfig, log_dir: Path | None = None, probe_sample: dict | N
                                      probe_sample=probe_sample)
     if not Path(cfg.tools).exists():
         from envs.manifest import ManifestError
-        raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools}")
+        raise ManifestError(f"env.tools: tool manifest not found: {cfg.tools} (looked at {Path(cfg.tools).resolve()})")
     return ToolEnv.from_manifest(cfg.tools, log_dir=log_dir, limits=limits, environment=environment,
                                  probe_sample=probe_sample)
 

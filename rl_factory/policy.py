@@ -2,7 +2,8 @@
 
 `model.path` is a Hugging Face hub id, a local directory, or `builtin:<name>` for a model the
 project builds itself (the registry `BUILTIN_MODELS`; `builtin:tiny-calculator` is the embedded
-default, `builtin:tiny-guess` plays examples/guess). Weights stay fp32 so AdamW updates keep full
+default, one model for every manifest; `builtin:tiny-calculator-task` the same warm start with the
+task's own tool schemas, built once per tool set; `builtin:tiny-guess` plays examples/guess). Weights stay fp32 so AdamW updates keep full
 precision; on GPU, compute runs under bf16 autocast for checkpoints published in half precision
 (`model.dtype=auto`).
 """
@@ -28,20 +29,70 @@ BUILTIN_TOKENIZERS: Registry[Callable[..., Any]] = Registry("builtin tokenizer")
 register_builtin_tokenizer = BUILTIN_TOKENIZERS.register
 
 
+@dataclass
+class BuildPlan:
+    """Where a builtin model is cached, and `estimate() -> (steps at most, seconds a step here)` of its build."""
+
+    path: Path
+    estimate: Callable[[], tuple[int, float]]
+
+    @property
+    def built(self) -> bool:
+        return (self.path / "config.json").exists()
+
+
+# What building each builtin model would cost, for `--doctor` (one with no plan is not described)
+BUILTIN_PLANS: Registry[Callable[..., BuildPlan]] = Registry("builtin build plan")
+register_builtin_plan = BUILTIN_PLANS.register
+
+
 @register_builtin_model("tiny-calculator")
 def _tiny_calculator(tools: list[dict], seed: int, log) -> Path:
     from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
 
+    # One model for every manifest (`tools` only reach it through the chat template at run time).
     # Always built on the CPU: the same seed gives the same model on every machine (GPU kernels
-    # would give a slightly different one), and the build takes about two minutes either way.
-    return ensure_tiny_model(tools, TinyModelConfig(seed=seed), log=log)
+    # would give a slightly different one).
+    return ensure_tiny_model(TinyModelConfig(seed=seed), log=log)
 
 
 @register_builtin_tokenizer("tiny-calculator")
 def _tiny_calculator_tokenizer(tools: list[dict], seed: int):
     from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
 
-    return tiny_tokenizer(tools, TinyModelConfig(seed=seed))
+    return tiny_tokenizer(TinyModelConfig(seed=seed))
+
+
+@register_builtin_plan("tiny-calculator")
+def _tiny_calculator_plan(tools: list[dict], seed: int) -> BuildPlan:
+    from rl_factory.models.tiny import TinyModelConfig, build_estimate, built_dir
+
+    cfg = TinyModelConfig(seed=seed)
+    return BuildPlan(built_dir(cfg), lambda: build_estimate(cfg))
+
+
+@register_builtin_model("tiny-calculator-task")
+def _tiny_calculator_task(tools: list[dict], seed: int, log) -> Path:
+    from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
+
+    # Chosen explicitly: a build per tool set, so that the task's schemas tokenize as compactly as the
+    # calculator's do for tiny-calculator (the model still learned the format on the calculator).
+    return ensure_tiny_model(TinyModelConfig(seed=seed), log=log, tools=tools)
+
+
+@register_builtin_tokenizer("tiny-calculator-task")
+def _tiny_calculator_task_tokenizer(tools: list[dict], seed: int):
+    from rl_factory.models.tiny import TinyModelConfig, tiny_tokenizer
+
+    return tiny_tokenizer(TinyModelConfig(seed=seed), tools)
+
+
+@register_builtin_plan("tiny-calculator-task")
+def _tiny_calculator_task_plan(tools: list[dict], seed: int) -> BuildPlan:
+    from rl_factory.models.tiny import TinyModelConfig, build_estimate, built_dir
+
+    cfg = TinyModelConfig(seed=seed)
+    return BuildPlan(built_dir(cfg, tools), lambda: build_estimate(cfg))
 
 
 @register_builtin_model("tiny-guess")
@@ -233,7 +284,7 @@ def load_policy(cfg: ModelConfig, tools: list[dict], seed: int = 0, log=print) -
     check_hub_model(path)  # a hub id with no network: one line now, not a minute of retries
     local = path.startswith(("/", ".", "~")) or Path(path).exists()
     if local and not Path(path).expanduser().is_dir():
-        raise ConfigError(f"model.path: local directory {path} does not exist")
+        raise ConfigError(f"model.path: local directory {path} does not exist (looked at {Path(path).expanduser().resolve()})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         # read before loading (loading in fp32 rewrites the config's dtype); a LoRA checkpoint's is its base's

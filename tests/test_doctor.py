@@ -211,6 +211,9 @@ def test_fresh_machine_doctor_passes_with_the_builtin_model_not_built_yet(tmp_pa
     assert "all checks passed" in done.stdout
     assert re.search(r"parser round-trip\s+PASS", done.stdout), done.stdout
     assert "builtin:tiny-calculator" in done.stdout
+    assert re.search(r"model build\s+PASS\s+builtin:tiny-calculator is not built yet: the first run builds it once "
+                     r"into .*\(at most 1000 warm-start steps at ~[\d.]+s here: at most [\d.]+ min.*\), then every task "
+                     r"reuses it", done.stdout), done.stdout
     assert not cache.exists() or not any(cache.rglob("config.json"))  # the model itself was not built
 
 

@@ -66,7 +66,7 @@ def load_corpus(path: str | os.PathLike) -> list[Passage]:
     """Read a JSONL corpus; raises CorpusError naming the line of the first bad record."""
     path = Path(path)
     if not path.is_file():
-        raise CorpusError(f"search corpus not found: {path}")
+        raise CorpusError(f"search corpus not found: {path} (looked at {Path(path).resolve()})")
     passages, seen = [], set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -50,7 +50,9 @@ class Report:
         width = max(len(c.name) for c in self.checks)
         lines = [f"{'check':<{width}}  result  detail", f"{'-' * width}  ------  {'-' * 40}"]
         for c in self.checks:
-            lines.append(f"{c.name:<{width}}  {c.status.upper():<6}  {c.detail}")
+            first, *more = c.detail.split("\n")  # a detail's further lines: a server's stderr, indented
+            lines.append(f"{c.name:<{width}}  {c.status.upper():<6}  {first}")
+            lines.extend(f"{'':<{width}}  {'':<6}  {line}" for line in more)
             if c.fix:
                 lines.append(f"{'':<{width}}  {'':<6}  fix: {c.fix}")
         failed = [c.name for c in self.checks if c.status == FAIL]

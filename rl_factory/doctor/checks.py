@@ -241,8 +241,11 @@ async def tools(doc) -> str:
         doc.state["env"] = env
         schemas = await env.list_tools()
     except Exception as exc:
-        raise CheckFailed(one_line(exc), "run `.venv/bin/python -m envs list MANIFEST` to see the server's own error; "
-                                      "its stderr log is named in the message")
+        # A server that did not start: its error's first line, then its stderr's last lines as they are
+        first, *quoted = str(exc).split("\n")
+        raise CheckFailed("\n".join([" ".join(first.split()), *quoted]),
+                          "the server's last stderr lines and its log file are above; try the server alone with "
+                          "`.venv/bin/python -m envs list MANIFEST`")
     doc.state["tools"] = schemas
     cfg = doc.state["env_cfg"]
     if not schemas:
@@ -361,6 +364,29 @@ async def chat_template(doc) -> str:
     except ValueError as exc:
         raise CheckFailed(str(exc), "use a model (or tokenizer) whose chat template ends turns with its eos token")
     return f"{where}: eos {tokenizer.eos_token!r}"
+
+
+@check("model build", needs=("model",))
+async def model_build(doc) -> str | None:
+    """A builtin model: built already (where), or what the first run's build will cost on this machine."""
+    model = doc.state["model"]
+    if not model.path.startswith("builtin:"):
+        return None
+    from rl_factory.policy import BUILTIN_PLANS
+
+    plan_of = BUILTIN_PLANS.get(model.path.split(":", 1)[1])
+    if plan_of is None:
+        return None
+    plan = plan_of(doc.state.get("tools") or [], int(doc.state["cfg"].seed))
+    if plan.built:
+        return f"{model.path} is built ({plan.path}); no build before the first step"
+    import os
+
+    steps, step_s = plan.estimate()
+    load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs" if hasattr(os, "getloadavg") else ""
+    return (f"{model.path} is not built yet: the first run builds it once into {plan.path} (at most {steps} "
+            f"warm-start steps at ~{step_s:.2f}s here: at most {steps * step_s / 60:.1f} min{load}), "
+            f"then every task reuses it")
 
 
 @check("tool schemas fit", needs=("fmt", "all_rows", "rollout"))

@@ -2,6 +2,13 @@
 
 Built on first use, deterministically from a seed, and cached under `~/.cache/rl_factory/models`
 (override with RL_FACTORY_CACHE) keyed by a hash of everything that shapes it, so later runs reuse it.
+There is one such model whatever the manifest: the warm start teaches the tool-call *format* with
+the calculator's schema (`CALCULATOR_TOOLS`), and a task's own tools reach the model through the
+tool schemas its chat template renders into the system turn. A new manifest therefore never waits on
+a build; the build itself shows a progress bar with an ETA (warmstart.BuildProgress). The tokenizer
+merges what it was trained on, so another task's schemas take more prompt tokens than the
+calculator's; `builtin:tiny-calculator-task` is the explicit choice of a model warm-started (and its
+tokenizer trained) with the task's own schemas, built once per tool set.
 The result is an ordinary Hugging Face directory: `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load it, with a chat template in the Qwen3/Hermes tool format.
 
@@ -20,6 +27,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +36,7 @@ import torch
 
 from rl_factory.chat import ChatFormat
 from rl_factory.interrupt import interruptible
-from rl_factory.models.warmstart import (WarmStartConfig, supervised_pass, tokenize_transcript,
+from rl_factory.models.warmstart import (BuildProgress, WarmStartConfig, supervised_pass, tokenize_transcript,
                                          transcript_texts)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -36,6 +44,13 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 BUILD_VERSION = 1  # bump when the build procedure changes, so stale caches are rebuilt
+# The calculator server's tool as `ToolEnv.list_tools` reports it (envs.servers.calculator; a test
+# checks they agree): the one schema the builtin model is warm-started with, whatever the task.
+CALCULATOR_TOOLS: list[dict] = [{"type": "function", "function": {
+    "name": "calculator",
+    "description": "Evaluate an arithmetic expression with + - * / // % ** and parentheses.",
+    "parameters": {"properties": {"expression": {"title": "Expression", "type": "string"}},
+                   "required": ["expression"], "type": "object", "title": "calculatorArguments"}}}]
 
 
 @dataclass
@@ -65,13 +80,24 @@ def build_key(cfg: TinyModelConfig, tools: list[dict]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_tiny_model(tools: list[dict], cfg: TinyModelConfig | None = None, log=print,
-                      device: str = "cpu") -> Path:
-    """Return the directory of the built model, building and caching it on first use."""
+def built_dir(cfg: TinyModelConfig | None = None, tools: list[dict] | None = None) -> Path:
+    """Where the builtin model of `cfg` is (or will be) cached; `tools`: warm-started with these
+    schemas instead of the calculator's (`builtin:tiny-calculator-task`)."""
     cfg = cfg or TinyModelConfig()
-    out = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
-    return cached_build(out, lambda tmp: build_tiny_model(tmp, tools, cfg, log=log, device=device),
-                        log, what="the embedded default model")
+    return cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, CALCULATOR_TOOLS if tools is None else tools)}"
+
+
+def ensure_tiny_model(cfg: TinyModelConfig | None = None, log=print, device: str = "cpu",
+                      tools: list[dict] | None = None) -> Path:
+    """Return the directory of the built model, building and caching it on first use: once per cache
+    for the calculator's schemas (every manifest uses that model), once per tool set with `tools`."""
+    cfg = cfg or TinyModelConfig()
+    steps = cfg.warmstart.mechanics_steps + cfg.warmstart.decision_steps
+    what = ("the embedded default model (once: every task reuses it" if tools is None else
+            "a tiny model warm-started with this task's tool schemas (once per tool set")
+    schemas = CALCULATOR_TOOLS if tools is None else tools
+    return cached_build(built_dir(cfg, tools), lambda tmp: build_tiny_model(tmp, schemas, cfg, log=log, device=device),
+                        log, what=f"{what}; at most {steps} warm-start steps, a progress bar shows the ETA)")
 
 
 def cached_build(out: Path, build, log=print, what: str = "a builtin model") -> Path:
@@ -150,16 +176,30 @@ def _tokenizer_and_transcripts(tools: list[dict], cfg: TinyModelConfig):
     return build_tokenizer(corpus, cfg.vocab_size), mechanics, decision
 
 
-def tiny_tokenizer(tools: list[dict], cfg: TinyModelConfig | None = None):
-    """The tokenizer the built model would have (from the cache if built; else in about a second,
-    without training the model): what `--doctor` needs to check the chat template."""
+def tiny_tokenizer(cfg: TinyModelConfig | None = None, tools: list[dict] | None = None):
+    """The tokenizer the built model has (from the cache if built; else in about a second, without
+    training the model): what `--doctor` needs to check the chat template."""
     from transformers import AutoTokenizer
 
-    cfg = cfg or TinyModelConfig()
-    built = cache_root() / f"tiny-{cfg.tool_name}-{build_key(cfg, tools)}"
+    built = built_dir(cfg, tools)
     if (built / "config.json").exists():
         return AutoTokenizer.from_pretrained(built)
-    return _tokenizer_and_transcripts(tools, cfg)[0]
+    return _tokenizer_and_transcripts(CALCULATOR_TOOLS if tools is None else tools, cfg or TinyModelConfig())[0]
+
+
+def build_estimate(cfg: TinyModelConfig | None = None, probe_steps: int = 3) -> tuple[int, float]:
+    """(warm-start steps at most, seconds one step takes on this machine now), from `probe_steps`
+    timed steps on a fresh model: what `--doctor` quotes before a build."""
+    cfg = cfg or TinyModelConfig()
+    ws = cfg.warmstart
+    tokenizer, mechanics, _ = _tokenizer_and_transcripts(CALCULATOR_TOOLS, cfg)
+    model = new_model(cfg, tokenizer)
+    fmt = ChatFormat(tokenizer, CALCULATOR_TOOLS)
+    examples = [tokenize_transcript(fmt, m) for m in mechanics[: ws.batch_size * 4]]
+    supervised_pass(model, examples, 1, ws.lr, ws, tokenizer.pad_token_id, log=lambda *_: None)  # warm-up
+    t0 = time.perf_counter()
+    supervised_pass(model, examples, probe_steps, ws.lr, ws, tokenizer.pad_token_id, log=lambda *_: None)
+    return ws.mechanics_steps + ws.decision_steps, (time.perf_counter() - t0) / probe_steps
 
 
 def new_model(cfg, tokenizer, device: str = "cpu"):
@@ -195,8 +235,13 @@ def build_tiny_model(out: Path, tools: list[dict], cfg: TinyModelConfig, log=pri
         f"vocab {len(tokenizer)}")
     fmt = ChatFormat(tokenizer, tools)
     pad = tokenizer.pad_token_id
-    supervised_pass(model, [tokenize_transcript(fmt, m) for m in mechanics], ws.mechanics_steps, ws.lr, ws,
-                    pad, log=log, name="warm start (tool mechanics)", stop_below=ws.mechanics_loss, decay=False)
-    supervised_pass(model, [tokenize_transcript(fmt, m) for m in decision], ws.decision_steps, ws.decision_lr,
-                    ws, pad, log=log, name="warm start (weak decision)")
+    progress = BuildProgress(ws.mechanics_steps + ws.decision_steps, log, desc="building the default model")
+    try:
+        supervised_pass(model, [tokenize_transcript(fmt, m) for m in mechanics], ws.mechanics_steps, ws.lr, ws,
+                        pad, log=log, name="warm start (tool mechanics)", stop_below=ws.mechanics_loss, decay=False,
+                        progress=progress)
+        supervised_pass(model, [tokenize_transcript(fmt, m) for m in decision], ws.decision_steps, ws.decision_lr,
+                        ws, pad, log=log, name="warm start (weak decision)", progress=progress)
+    finally:
+        progress.close()
     save_model(out, model, tokenizer, {"config": asdict(cfg), "tools": tools})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -97,22 +98,70 @@ def tokenize_transcript(fmt: ChatFormat, messages: list[dict]) -> tuple[list[int
     return ids, mask
 
 
+class BuildProgress:
+    """Progress of a model build over all its supervised passes, with an ETA.
+
+    On a terminal a tqdm bar (steps of every phase, the current phase and loss); elsewhere a log line
+    every `every` steps. A phase that stops early (`stop_below`) takes its unrun steps off the total,
+    so the ETA is an upper bound that only shrinks.
+    """
+
+    def __init__(self, total: int, log=print, desc: str = "building model", every: int = 25):
+        self.total, self.done, self.log, self.every = total, 0, log, every
+        self.t0 = time.time()
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def eta_s(self) -> float:
+        return (time.time() - self.t0) / max(1, self.done) * (self.total - self.done)
+
+    def step(self, name: str, step: int, steps: int, loss: float) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{name} loss {loss:.3f}", refresh=False)
+            self.bar.update(1)
+        elif (step + 1) % self.every == 0 or step + 1 == steps:
+            self.log(f"{name} step {step + 1}/{steps} loss {loss:.3f} ({time.time() - self.t0:.0f}s, "
+                     f"at most {_duration(self.eta_s())} left)")
+
+    def skip(self, name: str, step: int, steps: int, loss: float) -> None:
+        """The phase `name` ended after `step + 1` of its `steps`: its other steps will not run."""
+        self.total -= steps - step - 1
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
+        self.log(f"{name}: loss {loss:.3f} after {step + 1} steps, below its target: done early")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def supervised_pass(model, examples: list[tuple[list[int], list[int]]], steps: int, lr: float,
                     cfg: WarmStartConfig, pad_id: int, log=print, name: str = "warm start",
-                    stop_below: float | None = None, decay: bool = True) -> float:
+                    stop_below: float | None = None, decay: bool = True,
+                    progress: BuildProgress | None = None) -> float:
     """Masked next-token cross-entropy on the assistant tokens; returns the final (smoothed) loss.
 
     With `stop_below`, training ends as soon as the smoothed loss drops under it: learning to copy
     numbers arrives as a sudden drop whose timing varies from seed to seed, so a fixed step count
     either wastes minutes or stops before it. `steps` is then only the upper bound.
     """
+    own = progress is None
+    progress = progress or BuildProgress(steps, log, desc=name)
     gen = torch.Generator().manual_seed(cfg.seed + steps)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, min(20, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * ((1.0 - s / steps) if decay else 1.0))
     model.train()
-    t0, ema = time.time(), None
+    ema = None
     for step in range(steps):
         idx = torch.randint(len(examples), (cfg.batch_size,), generator=gen).tolist()
         device = next(model.parameters()).device
@@ -124,11 +173,12 @@ def supervised_pass(model, examples: list[tuple[list[int], list[int]]], steps: i
         opt.step()
         sched.step()
         ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
-        done = stop_below is not None and step >= warmup and ema < stop_below
-        if (step + 1) % 25 == 0 or step + 1 == steps or done:
-            log(f"{name} step {step + 1}/{steps} loss {ema:.3f} ({time.time() - t0:.0f}s)")
-        if done:
+        progress.step(name, step, steps, ema)
+        if stop_below is not None and step >= warmup and ema < stop_below:
+            progress.skip(name, step, steps, ema)
             break
+    if own:
+        progress.close()
     model.eval()
     return float(ema)
 

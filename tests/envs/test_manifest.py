@@ -58,7 +58,7 @@ def test_knob_and_transport_errors(tmp_path, error_of):
 
 
 def test_missing_file_and_bad_syntax(tmp_path):
-    with pytest.raises(ManifestError, match="^tool manifest not found: .*nope.yaml$"):
+    with pytest.raises(ManifestError, match=r"^tool manifest not found: .*nope.yaml \(looked at /.*/nope.yaml\)$"):
         load_manifest(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("mcpServers: {calc: [\n")

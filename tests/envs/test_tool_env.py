@@ -1,9 +1,11 @@
 """ToolEnv against real MCP servers (the calculator and tests/fakes/slow_server.py) as subprocesses."""
 import asyncio
+import re
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -159,9 +161,34 @@ async def test_duplicate_tool_names_both_servers(tmp_path, write_manifest, slow_
 @pytest.mark.parametrize("log_dir", [None, "logs"])
 async def test_server_that_cannot_start(tmp_path, write_manifest, log_dir):
     path = write_manifest(tmp_path, {"broken": {"command": "python", "args": ["-m", "envs.servers.nope"]}})
-    with pytest.raises(ToolEnvError, match=r"MCP server 'broken' .* failed to start: .*No module named"):
+    with pytest.raises(ToolEnvError, match=r"MCP server 'broken' .* failed to start: (.|\n)*No module named"):
         async with ToolEnv.from_manifest(path, log_dir=log_dir and tmp_path / log_dir) as env:
             await asyncio.wait_for(env.list_tools(), 60)  # the stderr tail is read back from the log
+
+
+@pytest.mark.parametrize("log_dir", [None, "logs"])
+async def test_a_server_that_cannot_start_is_quoted_by_whole_lines_and_its_log_is_named(tmp_path, write_manifest,
+                                                                                        log_dir):
+    """A long stderr line, then a traceback whose last line is long too (mcp 2.x's FastMCP hint): the error
+    quotes the last lines whole, the exception and its hint included, and names a log file that holds it all."""
+    script = tmp_path / "server.py"
+    script.write_text("import sys\nprint('starting ' + 'x' * 3000, file=sys.stderr)\n"
+                      "for i in range(30):\n    print(f'noise {i}', file=sys.stderr)\n"
+                      "from mcp.server.fastmcp import FastMCP\n")
+    path = write_manifest(tmp_path, {"old_api": {"command": "python", "args": [str(script)]}})
+    with pytest.raises(ToolEnvError) as err:
+        async with ToolEnv.from_manifest(path, log_dir=log_dir and tmp_path / log_dir) as env:
+            await asyncio.wait_for(env.list_tools(), 60)
+    first, where, *quoted = str(err.value).split("\n")
+    assert first.startswith("MCP server 'old_api' (") and "failed to start" in first
+    assert len(quoted) == 20 and all(line.startswith("    ") for line in quoted)
+    assert quoted[0] == "    noise 16" and quoted[-7] == "    noise 29" and quoted[-6] == "    Traceback (most recent call last):"
+    assert quoted[-1].startswith("    ModuleNotFoundError: No module named 'mcp.server.fastmcp'")
+    assert quoted[-1].endswith("or pin 'mcp<2' to keep running v1 code.")  # the hint, whole
+    log = Path(re.search(r"\(all of it: (.*)\):$", where).group(1))
+    assert log.is_absolute() and "x" * 3000 in log.read_text() and quoted[-1].strip() in log.read_text()
+    if log_dir:
+        assert log == (tmp_path / log_dir / "old_api.log").resolve()
 
 
 async def test_streamable_http_server_with_tool_filter(tmp_path, write_manifest, slow_server):
