@@ -35,6 +35,7 @@ class BuildPlan:
 
     path: Path
     estimate: Callable[[], tuple[int, float]]
+    reused_by: str = "every task"  # who reuses the build once it is made (words for --doctor)
 
     @property
     def built(self) -> bool:
@@ -92,7 +93,7 @@ def _tiny_calculator_task_plan(tools: list[dict], seed: int) -> BuildPlan:
     from rl_factory.models.tiny import TinyModelConfig, build_estimate, built_dir
 
     cfg = TinyModelConfig(seed=seed)
-    return BuildPlan(built_dir(cfg, tools), lambda: build_estimate(cfg))
+    return BuildPlan(built_dir(cfg, tools), lambda: build_estimate(cfg), "every run with these tool schemas")
 
 
 @register_builtin_model("tiny-guess")

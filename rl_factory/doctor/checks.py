@@ -386,7 +386,7 @@ async def model_build(doc) -> str | None:
     load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs" if hasattr(os, "getloadavg") else ""
     return (f"{model.path} is not built yet: the first run builds it once into {plan.path} (at most {steps} "
             f"warm-start steps at ~{step_s:.2f}s here: at most {steps * step_s / 60:.1f} min{load}), "
-            f"then every task reuses it")
+            f"then {plan.reused_by} reuses it")
 
 
 @check("tool schemas fit", needs=("fmt", "all_rows", "rollout"))
