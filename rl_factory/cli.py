@@ -158,6 +158,10 @@ def _sigterm_as_ctrl_c() -> list[int]:
 
     def forward(signum, frame) -> None:
         seen.append(signum)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started with SIGINT ignored (a background job of a script): no handler would hear a SIGINT,
+            # and asyncio.run installs none; stop here as Ctrl-C would in a synchronous phase.
+            raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGINT)
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -69,3 +69,33 @@ def test_concurrent_first_builds_build_once(tmp_path):
     assert all(o.strip().endswith(str(out)) for o in outputs)
     assert sum("waiting for another process building" in o for o in outputs) >= 1
     assert (out / "config.json").exists() and not list(out.parent.glob(".building-*"))
+
+
+def test_sigterm_stops_a_run_started_with_sigint_ignored(tiny_model_dir, tmp_path):
+    """A job started in the background of a script (`cmd &` in bash) starts with SIGINT ignored: SIGTERM must
+    still stop it, not be turned into a SIGINT that nothing hears."""
+    from tests.conftest import CALCULATOR_MANIFEST
+    from tests.e2e.test_main_scripts import tiny_overrides
+
+    run = tmp_path / "run"
+    args = ["bash", "main_grpo.sh", *tiny_overrides(tiny_model_dir, run, CALCULATOR_MANIFEST),
+            "trainer.total_steps=5000", "trainer.save_every=0", "trainer.progress=false"]
+    with (tmp_path / "run.log").open("w") as log:
+        proc = subprocess.Popen(args, cwd=REPO, env=script_env(), stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            stepping = wait_until(lambda: "step 1:" in (tmp_path / "run.log").read_text() or proc.poll() is not None,
+                                  SCRIPT_TIMEOUT_S)
+            assert stepping and proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+            took = time.monotonic() - start
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    output = (tmp_path / "run.log").read_text()
+    assert proc.returncode == 143, output[-3000:]
+    assert took < 15, f"{took:.1f} s to stop"  # 5000 steps take many minutes
+    assert "interrupted" in output and "Traceback" not in output
