@@ -27,12 +27,12 @@ How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of
   * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
     sees the same virtualenv as the trainer.
   * A relative `command` path (one with a `/`), a relative `cwd`, and (when no `cwd` is set) a relative
-    argument, that names something in the manifest file's directory is made absolute there (`args: [server.py]` next to the manifest works
-    from any working directory, as a function file does); any other relative path is passed unchanged
-    and resolves against the trainer's working directory. The child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`),
-    the git repository holding the manifest, and the trainer's own `PYTHONPATH`, after any
-    `PYTHONPATH` the manifest sets. That is what makes `-m envs.servers.calculator` work from
-    any working directory.
+    argument, that names something in the manifest file's directory is made absolute there (`args:
+    [server.py]` next to the manifest works from any working directory, as a function file does); any
+    other relative path is passed unchanged and resolves against the trainer's working directory.
+  * The child's `PYTHONPATH` is prefixed with the project root (the directory holding `envs/`), the git
+    repository holding the manifest, and the trainer's own `PYTHONPATH`, after any `PYTHONPATH` the
+    manifest sets. That is what makes `-m envs.servers.calculator` work from any working directory.
   * `${VAR}`, `${VAR:-default}`, `${oc.env:VAR}` and `${oc.env:VAR,default}` in any string are
     replaced from the environment when the manifest is loaded; an unset variable with no
     default is an error naming the key.
@@ -43,7 +43,6 @@ Every mistake raises `ManifestError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 import sys
@@ -52,15 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       field_validator, model_validator)
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
-from envs.manifest_formats import from_entries, is_webui_spec, read_pydata
+from envs.manifest_file import ManifestError, read_manifest_file
 from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 from envs.templates import check_server
-from rl_factory.errors import UserError
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -76,14 +73,7 @@ TRANSPORT_ALIASES = {
 }
 PYTHON_COMMANDS = {"python", "python3"}
 # libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-MAX_EXPANDED_VALUES = 200_000  # lists and mappings and their entries, after YAML aliases are expanded
-MAX_DEPTH = 64
 _ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
-
-
-class ManifestError(UserError, ValueError):
-    """An unusable tool manifest; the message names the file and the offending key."""
 
 
 class ToolFilter(BaseModel):
@@ -285,7 +275,7 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         source, raw, repo, base_dir = "<config>", dict(manifest), None, None
     else:
         path = Path(manifest)
-        source, raw, repo, base_dir = str(manifest), _read(path), _git_root(path), path.resolve().parent
+        source, raw, repo, base_dir = str(manifest), read_manifest_file(path), _git_root(path), path.resolve().parent
     substitutions: list[Substitution] = []
     raw = _interpolate(raw, source, (), substitutions)
     try:
@@ -301,67 +291,6 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         protect(spec._secrets)
         servers[name] = _resolve_stdio(spec, repo, base_dir) if spec.transport == "stdio" else spec
     return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir, repo=repo)
-
-
-def _read(path: Path) -> Any:
-    if not path.is_file():
-        raise ManifestError(f"tool manifest not found: {path} (looked at {path.resolve()})")
-    text = path.read_text(encoding="utf-8")
-    try:
-        # JSON is parsed as JSON so its errors read as JSON errors; RL-Factory's .pydata as a Python
-        # literal (envs.manifest_formats, never executed); everything else as YAML.
-        data = (read_pydata(path, text) if path.suffix == ".pydata" else
-                json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=YAML_LOADER))
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ManifestError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                            f"{' '.join(str(err).split())}") from None
-    except RecursionError:
-        raise ManifestError(f"{path}: nested too deeply to read") from None
-    _check_aliases(data, path)
-    if data is None:
-        return {}
-    if isinstance(data, list) or path.suffix == ".pydata":  # RL-Factory's list of entries (or one of them)
-        return from_entries(data if isinstance(data, list) else [data], str(path))
-    if is_webui_spec(data):
-        raise ManifestError(f"{path}: this is RL-Factory's WebUI tool spec (prompts and tools as inline pythonCode), "
-                            "not a manifest; serve the tools from an MCP server or list them under functions "
-                            "(docs/guides/coming-from.md)")
-    if not isinstance(data, dict):
-        raise ManifestError(f"{path}: expected a mapping with 'mcpServers', got {type(data).__name__}")
-    return data
-
-
-def _check_aliases(data: Any, path: Path) -> None:
-    """Refuse a document that YAML aliases expand past MAX_EXPANDED_VALUES values, one that refers to itself,
-    or one nested past MAX_DEPTH: each alias is a reference to a shared object, which every later pass
-    (interpolation, validation) walks again, so nine aliases of nine aliases of ... (a 529-byte file) took
-    minutes. Linear: each distinct list or mapping is visited once."""
-    size: dict[int, int] = {}
-    depth: dict[int, int] = {}
-    open_: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(data, False)]
-    while stack:
-        node, done = stack.pop()
-        if not isinstance(node, dict | list) or id(node) in size:
-            continue
-        kids = [v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, dict | list)]
-        if not done:
-            if id(node) in open_:
-                raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
-            open_.add(id(node))
-            stack.append((node, True))
-            stack.extend((kid, False) for kid in kids)
-            continue
-        if any(id(kid) in open_ for kid in kids):
-            raise ManifestError(f"{path}: a YAML alias refers to a value that contains it")
-        open_.discard(id(node))
-        size[id(node)] = 1 + len(node) + sum(size[id(kid)] for kid in kids)
-        depth[id(node)] = 1 + max((depth[id(kid)] for kid in kids), default=0)
-        if size[id(node)] > MAX_EXPANDED_VALUES:
-            raise ManifestError(f"{path}: more than {MAX_EXPANDED_VALUES} values once its YAML aliases (*name) are "
-                                "expanded; a manifest needs a few hundred (use fewer aliases)")
-        if depth[id(node)] > MAX_DEPTH:
-            raise ManifestError(f"{path}: nested more than {MAX_DEPTH} levels deep")
 
 
 def _interpolate(value: Any, source: str, path: tuple, found: list[Substitution]) -> Any:

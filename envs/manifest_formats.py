@@ -39,7 +39,7 @@ def read_pydata(path: Path, text: str) -> Any:
     Raises:
         ManifestError: the text is not a Python literal; the message gives the line.
     """
-    from envs.manifest import ManifestError
+    from envs.manifest_file import ManifestError
 
     try:
         return ast.literal_eval(text)
@@ -63,7 +63,7 @@ def from_entries(entries: list[Any], source: str) -> dict[str, Any]:
         ManifestError: an entry that is none of the shapes above, or whose servers or functions are
             invalid; the message names the entry by its index.
     """
-    from envs.manifest import ManifestError
+    from envs.manifest_file import ManifestError
 
     servers: dict[str, Any] = {}
     functions: list[Any] = []
@@ -109,7 +109,7 @@ def _server(spec: Any, where: str) -> Any:
 
 
 def _registered_tool(entry: str | dict[str, Any], where: str) -> dict[str, Any]:
-    from envs.manifest import ManifestError
+    from envs.manifest_file import ManifestError
 
     name = entry if isinstance(entry, str) else entry.get("name")
     if not isinstance(name, str) or not name.isidentifier():

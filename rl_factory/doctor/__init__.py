@@ -71,20 +71,20 @@ class Doctor:
         self.report = Report()
 
     async def run(self) -> Report:
-        from rl_factory.doctor import checks
+        from rl_factory.doctor import checks, model_checks, registry  # noqa: F401 (importing registers, in order)
 
-        for name, fn, needs in checks.CHECKS:
+        for name, fn, needs in registry.CHECKS:
             if name == "run directory" and self.mode != "train":
                 continue
             missing = [n for n in needs if n not in self.state]
             if missing:
-                self.report.checks.append(CheckResult(name, SKIP, checks.skipped(missing)))
+                self.report.checks.append(CheckResult(name, SKIP, registry.skipped(missing)))
                 continue
             await self._run_one(name, fn)
         return self.report
 
     async def _run_one(self, name: str, fn: Callable[[Doctor], Awaitable[str | None]]) -> None:
-        from rl_factory.doctor.checks import CheckFailed, one_line
+        from rl_factory.doctor.registry import CheckFailed, one_line
 
         t0 = time.perf_counter()
         try:
