@@ -13,7 +13,6 @@ The target is a first step within 3 minutes of launch on 2 idle cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
 
 
 def timed_lines(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, list[tuple[float, str]]]:
@@ -83,13 +84,13 @@ def main() -> int:
     out["first_step_since_scaffold_s"] = round(out["scaffold_s"] + out["doctor_s"] + step1, 2) if step1 else None
     out["total_s"] = round(out["scaffold_s"] + out["doctor_s"] + (out["train_wall_s"] or 0.0), 2)
     out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
-    out["command"] = commands["train"]
+    out["train_command"] = commands["train"]
     if args.keep or rc != 0:
         out["work_dir"] = str(work)
     else:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(out))
+    emit("first_task", out)
     return 0 if out["train_ok"] and out["doctor_ok"] else 1
 
 
