@@ -45,7 +45,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +54,10 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
                       field_validator, model_validator)
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
+from envs.launch_line import PROJECT_ROOT, git_root, listing_of, resolve_stdio
 from envs.manifest_file import ManifestError, read_manifest_file
 from envs.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 from envs.templates import check_server
-
-# The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Spellings users bring from other clients, normalized to the three transports we run.
 TRANSPORT_ALIASES = {
@@ -71,8 +68,6 @@ TRANSPORT_ALIASES = {
     "http": "streamable_http",
     "sse": "sse",
 }
-PYTHON_COMMANDS = {"python", "python3"}
-# libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
 _ENV_VAR = re.compile(r"\$\{(?:oc\.env:)?([A-Za-z_][A-Za-z0-9_]*)(?:(?::-|,)([^}]*))?\}")
 
 
@@ -275,21 +270,21 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         source, raw, repo, base_dir = "<config>", dict(manifest), None, None
     else:
         path = Path(manifest)
-        source, raw, repo, base_dir = str(manifest), read_manifest_file(path), _git_root(path), path.resolve().parent
+        source, raw, repo, base_dir = str(manifest), read_manifest_file(path), git_root(path), path.resolve().parent
     substitutions: list[Substitution] = []
     raw = _interpolate(raw, source, (), substitutions)
     try:
         model = _ManifestModel.model_validate(raw)
     except ValidationError as err:
         raise ManifestError(f"{source}: {_describe(err)}") from None
-    servers = {}
+    servers, listing = {}, listing_of(base_dir)
     for name, spec in (model.mcpServers or {}).items():
         if spec.disabled:
             continue
         path = ("mcpServers", name)
         spec._secrets = server_secrets(raw["mcpServers"][name], path, substitutions)
         protect(spec._secrets)
-        servers[name] = _resolve_stdio(spec, repo, base_dir) if spec.transport == "stdio" else spec
+        servers[name] = resolve_stdio(spec, repo, base_dir, listing) if spec.transport == "stdio" else spec
     return Manifest(servers=servers, functions=model.functions, source=source, base_dir=base_dir, repo=repo)
 
 
@@ -346,37 +341,6 @@ def _known_keys(parent_loc: list[str]) -> list[str]:
     if model is None:
         return []
     return list(model.model_fields) + (["type"] if model is ServerSpec else [])
-
-
-def _resolve_stdio(spec: ServerSpec, repo: Path | None, base_dir: Path | None = None) -> ServerSpec:
-    command = sys.executable if spec.command in PYTHON_COMMANDS else spec.command
-    paths = [spec.env.get("PYTHONPATH", ""), str(PROJECT_ROOT),
-             str(repo) if repo else "", os.environ.get("PYTHONPATH", "")]
-    pythonpath = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # ordered, no duplicates
-    update = {"command": command, "env": {**spec.env, "PYTHONPATH": pythonpath}}
-    if base_dir is not None and os.sep in command:  # a bare name is looked up on PATH, not here
-        update["command"] = _next_to(command, base_dir)
-    if base_dir is not None:
-        if spec.cwd is None:
-            update["args"] = [_next_to(arg, base_dir) for arg in spec.args]
-        else:
-            update["cwd"] = _next_to(spec.cwd, base_dir)
-    return spec.model_copy(update=update)
-
-
-def _next_to(value: str, base_dir: Path) -> str:
-    """`value` made absolute under the manifest's directory when it is a relative path that exists there."""
-    if not value or value.startswith(("-", "~", "$")) or os.path.isabs(value) or "://" in value:
-        return value
-    candidate = base_dir / value
-    return str(candidate) if candidate.exists() else value
-
-
-def _git_root(path: Path) -> Path | None:
-    for parent in path.resolve().parents:
-        if (parent / ".git").exists():
-            return parent
-    return None
 
 
 def describe_transport(spec: ServerSpec) -> str:
