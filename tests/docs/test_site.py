@@ -17,13 +17,11 @@ import yaml
 
 from docsgen import GENERATED_PAGES, benchmarks_page
 from docsgen.config_reference import FILES, leaf_paths
+from tests.browser import chromium
 from tests.docs.markdown import REPO, links
 
 pytest.importorskip("mkdocs", reason="the docs site needs .[docs] (bash setup.sh --dev)")
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"]
 MKDOCS_ENV = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}  # a plugin's banner, not ours
 
 
@@ -112,16 +110,8 @@ def served(site):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium (.ci/run does)")
-        pytest.skip("no /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.mark.parametrize("page_path", ["", "guides/tools/", "guides/rewards/", "reference/config/"])

@@ -6,7 +6,6 @@ bootstrap comparison), its rollouts are re-scored, and starting it again with ot
 same settings must leave its directory untouched.
 """
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,12 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.browser import chromium
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          script_env, strict_json, tiny_overrides)
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +69,8 @@ def _open(page, path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium (.ci/run does)")
-        pytest.skip("no /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 def test_report_in_a_headless_browser(first_run, browser):

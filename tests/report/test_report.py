@@ -1,20 +1,19 @@
 """The report's data and figures from run directories the project's own writers produced."""
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from rl_factory.evaluate import write_rollouts
 from rl_factory.report import render_report, write_report
 from rl_factory.report.data import load_run
 from rl_factory.report.figures import build_figures
 from rl_factory.report.trajectories import browser_records
+from tests.browser import chromium
 from tests.report.conftest import make_traj
-from rl_factory.evaluate import write_rollouts
 
 
 def page_data(html: str) -> dict:
@@ -167,21 +166,10 @@ def test_each_trajectory_knows_its_group_and_its_place_in_it(arena_run):
 
 # ---- in a browser (Debian's chromium, driven by playwright) ---------------------------------------
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
 @pytest.fixture
 def page(arena_run):  # after arena_run, whose asyncio.run cannot run inside playwright's event loop
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium (.ci/run does)")
-        pytest.skip("no /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
+    with chromium() as browser:
         yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
 
 
 def _boxes_overlap(a: dict, b: dict) -> bool:
