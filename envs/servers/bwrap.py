@@ -66,7 +66,7 @@ def bwrap_command(argv: list[str], env: dict[str, str], view: list[str], tmp_byt
     bound, made = [], {"/", "/tmp", "/dev", "/proc"}
 
     def parents(path: str) -> list[str]:  # bwrap would make them 0700 (root): the run's user must pass
-        missing = [p for p in _ancestors(path) if p not in made and not p.startswith("/tmp/")]
+        missing = [p for p in _ancestors(path) if p not in made]
         made.update(missing)
         return [arg for p in missing for arg in ("--perms", "0755", "--dir", p)]
 

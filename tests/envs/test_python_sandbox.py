@@ -18,6 +18,7 @@ from envs.servers.isolation import probe_namespaces
 from envs.servers.cgroups import RunCgroups
 from envs.servers.python_sandbox import SandboxConfig, build_server, format_result, run_code
 from rl_factory.types import ToolCall
+from tests.envs.sandbox_view import sandbox_tmp_listing
 
 pytestmark = pytest.mark.anyio
 SANDBOX = ["-m", "envs.servers.python_sandbox", "--memory-mb", "256", "--max-output-bytes", "1000"]
@@ -137,7 +138,7 @@ async def test_fresh_workdir_per_call_removed_after(envs):
             "open('leftover.txt', 'w').write('x')\nos.mkdir('sub')\nos.chmod('sub', 0)")
     if NAMESPACES:  # each run's /tmp is its own tmpfs (same path, never the same files)
         results = await envs["fast"].call_batch([ToolCall("run_python", {"code": code})] * 3)
-        assert [r.text for r in results] == ["/tmp\n[]\n[exit code 0]"] * 3
+        assert [r.text for r in results] == [f"/tmp\n{sandbox_tmp_listing()}\n[exit code 0]"] * 3
     # process: a new host temporary directory per run, deleted afterwards
     results = await envs["stub"].call_batch([ToolCall("run_python", {"code": code})] * 3)
     cwds = [r.text.splitlines()[0] for r in results]
