@@ -71,7 +71,6 @@ class MessageTooLarge(httpx2.StreamError):
 
 # ---- stdio --------------------------------------------------------------------------------------
 
-
 @asynccontextmanager
 async def stdio_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any, Any]]:
     spec = conn.spec

@@ -37,8 +37,7 @@ per stream), --max-parallel (RL_FACTORY_SANDBOX_MAX_PARALLEL, 4 runs at once; mo
 --max-processes (64), --max-file-mb (16), --tmp-mb (64, namespaces mode), --isolation
 namespaces|process (RL_FACTORY_SANDBOX_ISOLATION, namespaces), --ro-path PATH (repeatable; or
 RL_FACTORY_SANDBOX_RO_PATHS, paths joined by ":"): more host paths the code may read (namespaces),
---engine auto|bwrap|unshare (RL_FACTORY_SANDBOX_ENGINE, auto: bwrap where installed). docs/security.md
-lists what each mode and engine enforces.
+--engine auto|bwrap|unshare (RL_FACTORY_SANDBOX_ENGINE, auto: bwrap where installed); docs/security.md.
 """
 import argparse
 import asyncio
