@@ -20,7 +20,7 @@ from rl_factory.data import DatasetError, Rows, load_dataset
 from rl_factory.engines.hf import HFEngine
 from rl_factory.errors import ConfigError
 from rl_factory.pipeline.rollouts import PipelineConfig
-from rl_factory.rollout import Agent, RolloutConfig
+from rl_factory.rollout import Agent, RolloutConfig, RolloutKeys
 from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)
 from rewards.loader import REWARD_ARGS
 
@@ -31,8 +31,8 @@ log = logging.getLogger("rl_factory")
 class DataConfig:
     """`data.*`: where prompts come from."""
 
-    train_files: Any = None
-    val_files: Any = None
+    train_files: Any = "examples/calculator/data/train.jsonl"  # a path or a list
+    val_files: Any = "examples/calculator/data/val.jsonl"
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     system_prompt: str | None = None
@@ -44,7 +44,7 @@ class DataConfig:
 class EnvConfig:
     """`env.*`: the tools and the turn structure."""
 
-    tools: Any = None  # a manifest path, an inline manifest mapping, or None
+    tools: Any = "configs/tools/calculator.yaml"  # a manifest path, an inline manifest mapping, or None
     max_turns: int = 3
     parser: str = "hermes"
     max_calls_per_turn: int = 16  # calls past it fail locally ("too_many_calls")
@@ -55,7 +55,7 @@ class EnvConfig:
 
 
 @dataclass
-class SamplingConfig(RolloutConfig, PipelineConfig):
+class SamplingConfig(RolloutKeys, PipelineConfig):
     """`rollout.*`: the rollout loop's knobs, the rollout pipeline's (filters, dynamic sampling,
     augmenters) and engine-level settings."""
 
@@ -106,9 +106,8 @@ def build_agent(policy, env, env_cfg: EnvConfig, rollout_cfg: SamplingConfig, en
 
 def loop_config(env_cfg: EnvConfig, rollout_cfg: SamplingConfig) -> RolloutConfig:
     """The rollout loop's own settings: `rollout.*` without the engine's, plus `env.max_turns`."""
-    loop_cfg = RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutConfig.__dataclass_fields__})
-    loop_cfg.max_turns = env_cfg.max_turns
-    return loop_cfg
+    return RolloutConfig(**{k: getattr(rollout_cfg, k) for k in RolloutKeys.__dataclass_fields__},
+                         max_turns=env_cfg.max_turns)
 
 
 def load_rows(files: Any, cfg: DataConfig, limit: int | None = None) -> list[dict]:

@@ -4,23 +4,40 @@
 `@hydra.main` would (struct mode: a misspelled key is an error), but raises `ConfigError` with a
 one-line message instead of printing a stack trace; it also checks every key of `VALUE_RULES` (the
 numeric keys' types and ranges, a few keys' fixed choices) so that `trainer.total_steps=-3` is refused
-before anything runs or is written. `section(cfg, "rollout", RolloutConfig)` turns one node into its
-dataclass and names any key the dataclass does not know.
+before anything runs or is written.
+
+`parse(cfg)` reads the composed config once, at an entry point (train, eval, rescore, doctor, the verl
+launcher and verl's worker processes), into a `RunConfig`: one typed slice per top-level node (`SLICES`:
+`.model`, `.data`, `.env`, `.reward`, `.rollout`, `.algorithm`, `.optim`, `.trainer`, `.eval`), each
+dataclass naming any key it does not know. Components get their slice, never the Hydra node.
+`check_training(run)` holds the checks across slices (estimator, loss, pipeline and the capability table
+for `trainer.backend`) in one place. The dataclasses' defaults are the product's: the YAML files carry the
+same values, and tests/test_config_defaults.py fails on any drift between them.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from envs import secrets
 from rl_factory.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rewards.combine import RewardConfig
+    from rl_factory.components import DataConfig, EnvConfig, SamplingConfig
+    from rl_factory.evaluate_cli import EvalConfig
+    from rl_factory.policy import ModelConfig
+    from rl_factory.trainer import TrainerConfig
+    from rl_factory.update import AlgorithmConfig, OptimConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 T = TypeVar("T")
@@ -295,3 +312,111 @@ def _has_key(cfg: DictConfig, dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+# ---- the typed config: one dataclass per top-level node, parsed once at each entry point --------------
+
+# Top-level node -> "module:Class" of its slice (imported when a config is parsed: the classes live beside
+# the code that uses them). `eval` is configs/eval.yaml's own node.
+SLICES: dict[str, str] = {
+    "model": "rl_factory.policy:ModelConfig",
+    "data": "rl_factory.components:DataConfig",
+    "env": "rl_factory.components:EnvConfig",
+    "reward": "rewards.combine:RewardConfig",
+    "rollout": "rl_factory.components:SamplingConfig",
+    "algorithm": "rl_factory.update:AlgorithmConfig",
+    "optim": "rl_factory.update:OptimConfig",
+    "trainer": "rl_factory.trainer:TrainerConfig",
+    "eval": "rl_factory.evaluate_cli:EvalConfig",
+}
+
+
+def slice_class(key: str) -> type:
+    """The dataclass of top-level node `key` (`SLICES`)."""
+    module, _, name = SLICES[key].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _default(key: str) -> Any:
+    return field(default_factory=lambda: slice_class(key)())
+
+
+@dataclass
+class RunConfig:
+    """The whole config as typed slices; `RunConfig()` is the default job's (configs/grpo.yaml).
+
+    `composed` is the composed config as plain data (resolved), for what records the config as given:
+    config.yaml and run.json, and the copy verl's workers receive (they parse it again, once per process).
+    It is {} for a RunConfig built in code. Components read their slice, not `composed`.
+    """
+
+    experiment_name: str = "calculator_grpo"
+    seed: int = 0
+    model: ModelConfig = _default("model")
+    data: DataConfig = _default("data")
+    env: EnvConfig = _default("env")
+    reward: RewardConfig = _default("reward")
+    rollout: SamplingConfig = _default("rollout")
+    algorithm: AlgorithmConfig = _default("algorithm")
+    optim: OptimConfig = _default("optim")
+    trainer: TrainerConfig = _default("trainer")
+    eval: EvalConfig | None = None  # configs/eval.yaml only
+    composed: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def with_values(self, values: Mapping[str, Any]) -> RunConfig:
+        """A copy with dotted keys set in the slices and in `composed` alike (a path made absolute, the
+        checkpoint an evaluation picked), so what runs and what is recorded stay one config."""
+        new = copy.deepcopy(self)
+        for key, value in values.items():
+            *parents, leaf = key.split(".")
+            node, data = new, new.composed
+            for part in parents:
+                node, data = getattr(node, part), data.setdefault(part, {})
+            setattr(node, leaf, copy.deepcopy(value))
+            data[leaf] = copy.deepcopy(value)
+        return new
+
+
+def parse(cfg: DictConfig | Mapping[str, Any]) -> RunConfig:
+    """The composed config (a Hydra node, or the plain dict a verl worker was handed) as a `RunConfig`.
+
+    A node the config lacks takes its dataclass's defaults (a worker may be handed only the slices it
+    needs). A top-level key added with `+key=...` stays in `composed` (recorded in config.yaml) and
+    configures nothing.
+
+    Raises:
+        ConfigError: an unknown key or a value of the wrong type, naming it (`section`).
+    """
+    data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else copy.deepcopy(dict(cfg))
+    slices = {key: section(data, key, slice_class(key)) for key in SLICES if key in data}
+    scalars = {key: data[key] for key in ("experiment_name", "seed") if key in data}
+    return RunConfig(**scalars, **slices, composed=data)
+
+
+def check_training(run: RunConfig) -> None:
+    """The checks across slices that a training config must pass, for its `trainer.backend`, in one place.
+
+    embedded: the estimator and policy-loss names, the critic type, the rollout pipeline against the
+    estimator and context policy, and the capability table (rl_factory/capabilities.py). verl: the critic
+    type and the capability table with our keys (backends/verl/supported.py; imports no verl); verl's own
+    registries and the table with verl's composed keys are checked by the launcher once it has them.
+
+    Raises:
+        ConfigError: one line naming the key (an `Unsupported` names the combination and the way out).
+    """
+    from rl_factory import capabilities
+
+    alg, roll = run.algorithm, run.rollout
+    if run.trainer.backend == "verl":
+        from rl_factory.backends.verl import supported
+
+        supported.check(run)
+        return
+    from rl_factory.algorithms.advantages import get_advantage
+    from rl_factory.algorithms.losses import get_policy_loss
+    from rl_factory.critic import check_critic_type
+    from rl_factory.pipeline import check_pipeline
+
+    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), check_critic_type(alg.critic)
+    check_pipeline(roll, alg.advantage, roll.context)  # filters, dynamic sampling, augmenters
+    capabilities.check(run.trainer.backend, capabilities.facts(alg, roll, optim=run.optim, reward=run.reward))

@@ -38,7 +38,7 @@ STOP_ORDER = ["env_done", "answer", "max_turns", "max_tokens", "episode_error"] 
 class EvalConfig:
     """`eval.*`: what to evaluate and how to sample."""
 
-    files: Any = None
+    files: Any = "examples/calculator/data/val.jsonl"  # eval.yaml: ${data.val_files}
     limit: int | None = None
     n: int = 1
     temperature: float = 0.0

@@ -41,24 +41,31 @@ OBSERVATION_ROLES = ("user", "tool")  # what an environment's step may say (assi
 
 
 @dataclass
-class RolloutConfig:
-    """The rollout's slice of the config (`rollout.*` plus `env.max_turns`)."""
+class RolloutKeys:
+    """The `rollout.*` keys the rollout loop reads (the rest of the slice: components.SamplingConfig)."""
 
     n: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    max_turns: int = 3
     max_response_tokens: int = 64
     max_total_tokens: int = 512
     max_tool_response_tokens: int = 128
-    # Cap on the tokens after the prompt (generated + observations); None = only max_total_tokens.
-    # Not a user key: the verl backend sets it to verl's response_length, which pads to it.
-    max_tail_tokens: int | None = None
     # `append` (one token sequence per trajectory) or `step` (each turn its own sample; rl_factory/context.py)
     context: str = "append"
     # For `step`: how the history is cut before each turn, and how many turns it keeps
     context_processor: str = "last_turns"
     context_keep_turns: int = 2
+
+
+@dataclass
+class RolloutConfig(RolloutKeys):
+    """The rollout loop's settings: its `rollout.*` keys plus two that are no `rollout.*` key of their own
+    (components.loop_config builds it from the slices)."""
+
+    max_turns: int = 3  # env.max_turns (the same default: tests/test_config_defaults.py)
+    # Cap on the tokens after the prompt (generated + observations); None = only max_total_tokens.
+    # Set by the verl backend to verl's response_length, which pads to it.
+    max_tail_tokens: int | None = None
 
 
 class Agent:

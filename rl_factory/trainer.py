@@ -60,7 +60,7 @@ class TrainerConfig:
 
     backend: str = "embedded"
     total_steps: int = 40
-    output_dir: str = "outputs/run"
+    output_dir: str = "outputs/calculator_grpo"  # grpo.yaml: outputs/${experiment_name}
     eval_every: int = 20
     save_every: int = 20
     keep_checkpoints: int = 2

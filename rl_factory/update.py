@@ -62,9 +62,9 @@ class AlgorithmConfig:
 class OptimConfig:
     """`optim.*`: optimizer and batching of the update."""
 
-    lr: float = 1e-3
+    lr: float = 3.0e-4
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int = 3
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     mini_batches: int = 1
