@@ -360,7 +360,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = _default("algorithm")
     optim: OptimConfig = _default("optim")
     trainer: TrainerConfig = _default("trainer")
-    eval: EvalConfig | None = None  # configs/eval.yaml only
+    eval: EvalConfig = _default("eval")  # configs/eval.yaml's node (its defaults where a config has none)
     composed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def with_values(self, values: Mapping[str, Any]) -> RunConfig:
@@ -387,8 +387,8 @@ def parse(cfg: DictConfig | Mapping[str, Any]) -> RunConfig:
     Raises:
         ConfigError: an unknown key or a value of the wrong type, naming it (`section`).
     """
-    data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else copy.deepcopy(dict(cfg))
-    slices = {key: section(data, key, slice_class(key)) for key in SLICES if key in data}
+    data = plain(cfg) if OmegaConf.is_config(cfg) else {key: copy.deepcopy(plain(node)) for key, node in cfg.items()}
+    slices = {key: section(data, key, slice_class(key)) for key in SLICES}
     scalars = {key: data[key] for key in ("experiment_name", "seed") if key in data}
     return RunConfig(**scalars, **slices, composed=data)
 

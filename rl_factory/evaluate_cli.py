@@ -17,9 +17,8 @@ from typing import Any
 
 from rl_factory import analysis
 from rl_factory import checkpoint as ckpt
-from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
-                                   check_reward_columns, closing_engine, load_rows, open_env)
-from rl_factory.config import ConfigError, section
+from rl_factory.components import build_agent, check_reward_columns, closing_engine, load_rows, open_env
+from rl_factory.config import ConfigError, RunConfig, parse
 from rl_factory.engines.openai import OpenAIEngine
 from rl_factory.engines.base import SamplingParams
 from rl_factory.evaluate import evaluate, trajectory_record, write_rollouts
@@ -72,7 +71,9 @@ EVAL_ENGINES = {"hf": _embedded, "openai": _served}
 
 
 def run_eval(cfg) -> dict[str, Any]:
-    return asyncio.run(_run_eval(cfg))
+    """Evaluate for a composed eval config (configs/eval.yaml): `model.path` settled, then parsed once."""
+    model_path(cfg)
+    return asyncio.run(_run_eval(parse(cfg)))
 
 
 def _output_dir(e: EvalConfig, model_path: str) -> Path:
@@ -105,12 +106,9 @@ def model_path(cfg) -> str:
     return cfg.model.path
 
 
-async def _run_eval(cfg) -> dict[str, Any]:
-    model_path(cfg)
-    e = section(cfg, "eval", EvalConfig)
-    model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
-    env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
-    roll_cfg = section(cfg, "rollout", SamplingConfig)
+async def _run_eval(cfg: RunConfig) -> dict[str, Any]:
+    e, model_cfg, data_cfg, env_cfg, reward_cfg = cfg.eval, cfg.model, cfg.data, cfg.env, cfg.reward
+    roll_cfg = cfg.rollout
     reward_fn = build_scorer(reward_cfg)
     rows = load_rows(e.files, data_cfg, limit=e.limit)
     check_reward_columns(reward_fn, {"eval.files": rows}, data_cfg.answer_key)
@@ -122,7 +120,7 @@ async def _run_eval(cfg) -> dict[str, Any]:
             raise ConfigError(f"eval.engine: unknown engine {e.engine!r} (valid: {', '.join(EVAL_ENGINES)})")
         tools = await env.list_tools()
         policy, engine = EVAL_ENGINES[e.engine](e, model_cfg, tools, int(cfg.seed))
-        _start_output(out, cfg, env)  # the first write into eval.output_dir
+        _start_output(out, cfg.composed, env)  # the first write into eval.output_dir
         agent = build_agent(policy, env, env_cfg, roll_cfg, engine=engine)
         async with closing_engine(agent):
             params = SamplingParams(e.temperature, e.top_p, roll_cfg.max_response_tokens, seed=int(cfg.seed))

@@ -30,6 +30,7 @@ from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 
 log = logging.getLogger("rl_factory")
+RESCORE_SLICES = ("reward", "data", "env", "eval")  # of the run's config.yaml
 
 
 def load_config(run_dir: Path, overrides: list[str]):
@@ -91,19 +92,21 @@ def rescore(run_dir: str | Path, overrides: list[str], split: str = "all", out: 
 
 
 async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -> dict:
-    from rl_factory.components import DataConfig, EnvConfig, RewardConfig, open_env
-    from rl_factory.config import section
+    from rl_factory.components import open_env
+    from rl_factory.config import parse
     from rl_factory.report.data import load_run, read_jsonl
     from rewards.scorer import build_scorer
     from rewards.scorer import score_trajectories
 
-    cfg = load_config(run_dir, overrides)
-    reward = build_scorer(section(cfg, "reward", RewardConfig))  # a bad reward fails before any reading
-    data_cfg, env_cfg = section(cfg, "data", DataConfig), section(cfg, "env", EnvConfig)
+    stored = load_config(run_dir, overrides)
+    # Only the slices rescoring reads: the rest of a stored config may be another version's.
+    cfg = parse({key: stored[key] for key in RESCORE_SLICES if key in stored})
+    reward = build_scorer(cfg.reward)  # a bad reward fails before any reading
+    data_cfg, env_cfg = cfg.data, cfg.env
     files = [f for f in load_run(run_dir).rollout_files if split in ("all", f[0])]
     if not files:
         raise FileNotFoundError(f"{run_dir}: no stored rollouts for split {split!r}")
-    datasets = _datasets(cfg, data_cfg)
+    datasets = _datasets(data_cfg, cfg.eval.files if "eval" in stored else None)
     items = [(s, step, rec) for s, step, path in files for rec in read_jsonl(path)]
     trajs = [rebuild(rec, _sample(datasets.get(s), rec)) for s, step, rec in items]
     old = [t.reward for t in trajs]
@@ -119,13 +122,14 @@ async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -
     return _write(out, items, trajs, old, reward.name)
 
 
-def _datasets(cfg, data_cfg) -> dict[str, list[dict] | None]:
-    """The rows each split was drawn from (None where the files cannot be read any more)."""
+def _datasets(data_cfg, eval_files: Any = None) -> dict[str, list[dict] | None]:
+    """The rows each split was drawn from (None where the files cannot be read any more); `eval_files`:
+    a main_eval.sh directory's eval.files."""
     from rl_factory.components import load_rows
 
     sources = {"train": data_cfg.train_files, "val": data_cfg.val_files}
-    if "eval" in cfg:  # a main_eval.sh directory: its config.yaml has eval.files
-        sources["eval"] = cfg.eval.get("files")
+    if eval_files is not None:
+        sources["eval"] = eval_files
     rows: dict[str, list[dict] | None] = {}
     for name, files in sources.items():
         try:

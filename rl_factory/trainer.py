@@ -30,20 +30,18 @@ from omegaconf import DictConfig
 from rl_factory import capabilities
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
-from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
+from rl_factory.algorithms.advantages import assign_advantages, required_inputs
 from rl_factory.algorithms.group_arena import GroupArena
-from rl_factory.algorithms.losses import get_policy_loss
-from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
-                                   check_reward_columns, closing_engine, load_rows, open_env)
-from rl_factory.config import ConfigError, section
-from rl_factory.critic import (VALUE_HEAD_FILE, assign_gae, build_value_head, check_critic_type, compute_values,
-                               load_value_head)
+from rl_factory.components import (RewardConfig, SamplingConfig, build_agent, check_reward_columns, closing_engine,
+                                   load_rows, open_env)
+from rl_factory.config import ConfigError, RunConfig, check_training, parse
+from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.lora import is_lora, load_adapter
-from rl_factory.pipeline import RolloutPipeline, check_pipeline
-from rl_factory.policy import ModelConfig, load_policy
+from rl_factory.pipeline import RolloutPipeline
+from rl_factory.policy import load_policy
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.interrupt import interruptible
@@ -71,32 +69,28 @@ class TrainerConfig:
     report: bool = True
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Run training from a composed config; returns the final summary."""
+def train(cfg: RunConfig | DictConfig) -> dict[str, Any]:
+    """Run training from a parsed config (or a composed one, parsed here once); returns the final summary."""
+    cfg = cfg if isinstance(cfg, RunConfig) else parse(cfg)
     try:
         return asyncio.run(_train(cfg))
     finally:
         gc.unfreeze()  # a caller that goes on (a notebook, the tests) gets its heap collected again
 
 
-async def _train(cfg: DictConfig) -> dict[str, Any]:
-    t_cfg = section(cfg, "trainer", TrainerConfig)
-    model_cfg, data_cfg = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
-    env_cfg, reward_cfg = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
-    roll_cfg, alg = section(cfg, "rollout", SamplingConfig), section(cfg, "algorithm", AlgorithmConfig)
-    optim_cfg, seed = section(cfg, "optim", OptimConfig), int(cfg.seed)
+async def _train(cfg: RunConfig) -> dict[str, Any]:
+    t_cfg, model_cfg, data_cfg, env_cfg, reward_cfg = cfg.trainer, cfg.model, cfg.data, cfg.env, cfg.reward
+    roll_cfg, alg, optim_cfg, seed = cfg.rollout, cfg.algorithm, cfg.optim, int(cfg.seed)
     # The run directory is read first (is it this run's? where to resume?) and written only after the
     # checks below: a refused or mistyped config leaves a finished run's files untouched.
     run = RunDir(Path(t_cfg.output_dir))
-    resume_from = run.resume_point(cfg, t_cfg.resume, t_cfg.total_steps)
+    resume_from = run.resume_point(cfg.composed, t_cfg.resume, t_cfg.total_steps)
     if run.finished_step is not None:  # trainer.total_steps at or below the checkpoint's step
         return run.nothing_to_do(t_cfg.total_steps)
     _seed_everything(seed)
 
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
-    get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), check_critic_type(alg.critic)
-    check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
-    check_supported(alg, roll_cfg, optim_cfg, reward_cfg)  # what the embedded backend cannot train
+    check_training(cfg)  # names, critic, pipeline, and what the embedded backend cannot train (one place)
     # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
     scorer = build_scorer(reward_cfg)
     use_critic = _needs_critic(alg)  # gae: a value head trained alongside the policy
@@ -135,7 +129,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 load_value_head(value_head, resume_from)
                 log.info("restored the value head from %s", resume_from / VALUE_HEAD_FILE)
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
-        run.start(cfg, resumed=resume_from is not None, tools=env)  # the first write into the run directory
+        run.start(cfg.composed, resumed=resume_from is not None, tools=env)  # the first write into the run directory
         if resume_from is not None:
             log.info("resumed from %s (step %d)", resume_from, step)
         agent = build_agent(policy, env, env_cfg, roll_cfg)

@@ -23,11 +23,8 @@ PROMPT_ROWS = 256  # rows whose prompts are rendered to find the longest
 async def config(doc) -> str:
     from rl_factory.algorithms.advantages import get_advantage
     from rl_factory.algorithms.losses import get_policy_loss
-    from rl_factory.components import DataConfig, EnvConfig, RewardConfig, SamplingConfig
-    from rl_factory.config import ConfigError, load_config, section, split_overrides
+    from rl_factory.config import ConfigError, check_training, load_config, parse, split_overrides
     from rl_factory.context import CONTEXT_PROCESSORS, get_context_policy
-    from rl_factory.policy import ModelConfig
-    from rl_factory.update import AlgorithmConfig
     from envs.parsers import PARSERS
 
     ours, theirs = split_overrides(doc.overrides) if doc.mode == "train" else (doc.overrides, [])
@@ -40,40 +37,23 @@ async def config(doc) -> str:
         if doc.mode == "eval":
             from rl_factory.evaluate_cli import model_path
             model_path(cfg)  # null: the last checkpoint of the run this config trains
-        s["model"], s["data"] = section(cfg, "model", ModelConfig), section(cfg, "data", DataConfig)
-        s["env_cfg"], s["reward_cfg"] = section(cfg, "env", EnvConfig), section(cfg, "reward", RewardConfig)
-        s["rollout"] = section(cfg, "rollout", SamplingConfig)
-        alg = section(cfg, "algorithm", AlgorithmConfig)
+        run = parse(cfg)  # once: the checks below get its slices
+        s["model"], s["data"], s["env_cfg"], s["reward_cfg"] = run.model, run.data, run.env, run.reward
+        s["rollout"] = run.rollout
         if doc.mode == "train":
-            from rl_factory.trainer import TrainerConfig
-            s["trainer"] = section(cfg, "trainer", TrainerConfig)
-            get_advantage(alg.advantage), get_policy_loss(alg.policy_loss)
-            _check_supported(cfg, alg, s)  # the capability table: what this backend cannot train
+            s["trainer"] = run.trainer
+            get_advantage(run.algorithm.advantage), get_policy_loss(run.algorithm.policy_loss)
+            check_training(run)  # as the run would: names, pipeline, the capability table for its backend
         else:
-            from rl_factory.evaluate_cli import EvalConfig
-            s["eval"] = section(cfg, "eval", EvalConfig)
+            s["eval"] = run.eval
         PARSERS.lookup(s["env_cfg"].parser), get_context_policy(s["rollout"].context)
         CONTEXT_PROCESSORS.lookup(s["rollout"].context_processor)
     except (ConfigError, KeyError, ValueError) as exc:
         raise CheckFailed(one_line(exc),
                           "fix the key it names (bash main_grpo.sh --cfg job prints the composed config)")
-    s["cfg"] = cfg
+    s["cfg"] = run
     extra = f", {len(theirs)} key(s) passed to verl" if theirs else ""
-    return f"composes ({len(doc.overrides)} override(s){extra}); backend {cfg.trainer.backend}"
-
-
-def _check_supported(cfg, alg, s) -> None:
-    """The backend's refusal of this config, as the run would give it (rl_factory/capabilities.py)."""
-    if cfg.trainer.backend == "verl":
-        from rl_factory.backends.verl.supported import check as check_verl  # reads the table, imports no verl
-
-        check_verl(cfg)
-        return
-    from rl_factory.config import section
-    from rl_factory.trainer import check_supported
-    from rl_factory.update import OptimConfig
-
-    check_supported(alg, s["rollout"], section(cfg, "optim", OptimConfig), s["reward_cfg"])
+    return f"composes ({len(doc.overrides)} override(s){extra}); backend {run.trainer.backend}"
 
 
 @check("run directory", needs=("trainer",))
@@ -86,7 +66,7 @@ async def run_directory(doc) -> str:
         return f"{t.output_dir}: {t.backend} keeps its own checkpoints and resume state (not checked here)"
     run = RunDir(Path(t.output_dir))
     try:
-        point = run.resume_point(doc.state["cfg"], t.resume, t.total_steps)  # reads only
+        point = run.resume_point(doc.state["cfg"].composed, t.resume, t.total_steps)  # reads only
     except ConfigError as exc:
         raise CheckFailed(str(exc))
     if run.finished_step is not None:
