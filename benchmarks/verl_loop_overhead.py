@@ -101,17 +101,16 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int, model: st
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.data import convert
     from rl_factory.backends.verl.launcher import absolute
-    from rl_factory.components import DataConfig
-    from rl_factory.config import load_config, section
+    from rl_factory.config import load_config, parse
 
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {347 + k} * 29?", "answer": str((347 + k) * 29)}) + "\n"
                             for k in range(prompts)))
-    ours = absolute(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}", f"data.val_files={data}",
-                                         f"trainer.output_dir={work / loop}", f"rollout.n={n}",
-                                         f"data.train_batch_size={prompts}"]))
+    ours = absolute(parse(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}",
+                                               f"data.val_files={data}", f"trainer.output_dir={work / loop}",
+                                               f"rollout.n={n}", f"data.train_batch_size={prompts}"])))
     raw = verl_tool_agent.overrides(ours.env.max_turns) if loop == "verl_tool_agent" else []
-    files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), work / f"{loop}_data").items()}
+    files = {k: str(v) for k, v in convert(ours.data, work / f"{loop}_data").items()}
     cfg = compose_verl(ours, raw, files, model or str(builtin_tokenizer_dir()))
     OmegaConf.resolve(cfg)
     # CPU-sized: one TransferQueue storage actor; agent-loop and reward workers as many as the cores

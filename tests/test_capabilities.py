@@ -271,18 +271,18 @@ def test_a_verl_worker_refuses_through_the_table_too(tmp_path):
     pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
     import asyncio
 
-    from omegaconf import OmegaConf
-
     from rl_factory.backends.verl.group import ArenaGroups
     from rl_factory.backends.verl.pipeline import augmented
+    from rl_factory.config import parse
+    from rl_factory.pipeline import build_augmenters
     from tests.test_critic import two_turn_traj
 
     views = tmp_path / "views.py"
     views.write_text("def halves(trajectory, spans, **_):\n    return [(0, len(trajectory.token_ids), 0.5)]\n")
-    config = OmegaConf.create({"rl_factory": {"rollout": {"augment": [f"{views}:halves"]}}})
+    augmenters = build_augmenters([f"{views}:halves"])  # as the worker builds them from rollout.augment
     with pytest.raises(ValueError, match=r"^sample 0: view weight=0.5 is not supported on the verl backend with "
                                          r"rollout.augment=halves: verl has no per-sample weight"):
-        asyncio.run(augmented(two_turn_traj(), config, validate=False))
+        asyncio.run(augmented(two_turn_traj(), augmenters, validate=False))
     ours = load_config("grpo", ["trainer.backend=verl", "algorithm.advantage=arena", "algorithm.arena.anchor=greedy"])
     with pytest.raises(Unsupported, match="algorithm.arena.anchor=greedy is not supported on the verl backend"):
-        ArenaGroups.from_config(ours, None, tmp_path / "arena")
+        ArenaGroups.from_config(parse(ours), None, tmp_path / "arena")

@@ -58,16 +58,15 @@ def test_the_config_handed_to_verl_prints_no_secret_and_still_works(tmp_path):
     pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.launcher import absolute
-    from rl_factory.components import EnvConfig
-    from rl_factory.config import load_config, section, worker_config
+    from rl_factory.config import load_config, parse, worker_config
     from envs.manifest import load_manifest
 
-    ours = absolute(load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={tmp_path}", INLINE]))
+    ours = absolute(parse(load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={tmp_path}", INLINE])))
     cfg = worker_config(compose_verl(ours, [], {"train": "/t.parquet", "val": "/v.parquet"}, "/model"))
     printed = str(OmegaConf.to_container(cfg, resolve=True))  # what verl's TaskRunner pprints
     assert SECRET not in printed and "${oc.env:%s}" % VAR in printed
     OmegaConf.resolve(cfg)  # what TaskRunner does next; then our agent loop and reward worker read it
-    for tools in (section(cfg.rl_factory, "env", EnvConfig).tools,
+    for tools in (parse(cfg.rl_factory).env.tools,
                   OmegaConf.to_container(cfg.reward.custom_reward_function.reward_kwargs, resolve=True)
                   ["rl_factory"]["tools"]):
         servers = load_manifest(tools).servers

@@ -66,17 +66,16 @@ def verl_setup(tmp_path, tiny_model_dir):
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.data import convert
     from rl_factory.backends.verl.launcher import absolute
-    from rl_factory.components import DataConfig
-    from rl_factory.config import load_config, section
+    from rl_factory.config import load_config, parse
 
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": QUESTION, "answer": "10063", "topic": "arith"}) + "\n")
 
     def make(*overrides: str):
-        ours = absolute(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}",
+        ours = absolute(parse(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}",
                                              f"data.val_files={data}", f"trainer.output_dir={tmp_path / 'run'}",
                                              "rollout.n=3", *overrides]))
-        files = {k: str(v) for k, v in convert(section(ours, "data", DataConfig), tmp_path / "verl_data").items()}
+        files = {k: str(v) for k, v in convert(ours.data, tmp_path / "verl_data").items()}
         cfg = compose_verl(ours, [], files, str(tiny_model_dir))
         OmegaConf.resolve(cfg)
         return cfg, files

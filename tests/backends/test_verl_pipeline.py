@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 from omegaconf import OmegaConf  # noqa: E402
 
 from rl_factory.backends.verl.pipeline import GROUP_KEY, SAMPLER_NAME, check_verl_pipeline  # noqa: E402
-from rl_factory.config import ConfigError  # noqa: E402
+from rl_factory.config import ConfigError, parse  # noqa: E402
 from tests.backends.conftest import CALL  # noqa: E402
 from tests.backends.test_verl_v1_ray import rollout_step  # noqa: E402
 
@@ -46,7 +46,7 @@ def test_filters_and_dynamic_sampling_map_onto_verl(verl_setup):
         "train_batch_size": 16, "max_rounds": 3, "max_inflight_gen_batches": 1, "poll_interval_s": 0.05}
     cls = load_extern_object(sampler.custom_sampler.path, sampler.custom_sampler.name)  # as verl's trainer loads it
     assert cls.__name__ == SAMPLER_NAME
-    check_verl_pipeline(cfg.rl_factory, cfg)
+    check_verl_pipeline(parse(cfg.rl_factory), cfg)
 
     plain, _ = verl_setup("rollout.filters=[zero_variance]", "algorithm.advantage=gae")
     assert plain.trainer.v1.sampler.custom_sampler.name == "PollingReplayBuffer"  # no refill: only the polling
@@ -72,7 +72,7 @@ def test_what_verl_cannot_do_is_refused(verl_setup, overrides, raw, message):
     for key, value in raw.items():
         OmegaConf.update(cfg, key, value)
     with pytest.raises(ConfigError) as err:
-        check_verl_pipeline(cfg.rl_factory, cfg)
+        check_verl_pipeline(parse(cfg.rl_factory), cfg)
     assert message in str(err.value)
 
 

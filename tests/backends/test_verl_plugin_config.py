@@ -26,7 +26,7 @@ from rl_factory.algorithms.advantages import compute_advantages  # noqa: E402
 from rl_factory.algorithms.losses import ppo_clip_loss  # noqa: E402
 from rl_factory.backends.verl.config import compose_verl  # noqa: E402
 from rl_factory.backends.verl.launcher import absolute  # noqa: E402
-from rl_factory.config import ConfigError, load_config  # noqa: E402
+from rl_factory.config import ConfigError, load_config, parse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -107,7 +107,7 @@ def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
 
 
 def compose(tmp_path, tiny_model_dir, overrides=(), raw=()):
-    ours = absolute(load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={tmp_path}", *overrides]))
+    ours = absolute(parse(load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={tmp_path}", *overrides])))
     return compose_verl(ours, list(raw), {"train": "/data/train.parquet", "val": "/data/val.parquet"},
                         str(tiny_model_dir) + "/")
 

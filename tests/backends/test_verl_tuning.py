@@ -215,13 +215,13 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
     from rl_factory.backends.verl.config import compose_verl, rollout_replicas
     from rl_factory.backends.verl.launcher import absolute
-    from rl_factory.config import load_config, split_overrides
+    from rl_factory.config import load_config, parse, split_overrides
 
     monkeypatch.setattr(verl_config, "gpu_bytes", lambda: (H200, True))
     args = parse_args(["--shape", "qwen3-0.6b", "--no-ceilings", *argv])
     model = shape_config_dir("qwen3-0.6b", tmp_path)
     ours, raw = split_overrides(verl_overrides(args, model, tmp_path / "run"))
-    cfg = compose_verl(absolute(load_config("grpo", ours)), raw,
+    cfg = compose_verl(absolute(parse(load_config("grpo", ours))), raw,
                        {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
     OmegaConf.resolve(cfg)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

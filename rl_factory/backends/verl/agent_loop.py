@@ -22,7 +22,8 @@ verl then skips its reward worker). A session whose episode fails returns one ou
 token (`rl_factory_dropped`), left out of its group by our estimators.
 
 Settings come from the `rl_factory` node of verl's config (our whole composed config, `self.config`
-in every agent loop), so the agent-loop YAML needs no arguments.
+in every agent loop), parsed once per worker process (`rl_factory.config.parse`, in `WorkerState`), so
+the agent-loop YAML needs no arguments.
 """
 from __future__ import annotations
 
@@ -46,13 +47,13 @@ from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import score_result
 from rl_factory.backends.verl.run_dir import write_part
 from rl_factory.chat import ChatFormat
-from rl_factory.components import EnvConfig, SamplingConfig, loop_config, open_env
-from rl_factory.config import section
+from rl_factory.components import loop_config, open_env
+from rl_factory.config import parse
 from rl_factory.engines.base import Generation, SamplingParams
 from rl_factory.evaluate import trajectory_record
+from rl_factory.pipeline import build_augmenters
 from rl_factory.rollout import Agent, RolloutConfig
 from rl_factory.types import EPISODE_FAILED, Trajectory
-from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 
 AGENT_NAME = "rl_factory"
@@ -122,10 +123,11 @@ class WorkerState:
     _locks: dict[int, tuple[Any, asyncio.Lock]] = {}
 
     def __init__(self, loop_cfg: RolloutConfig, env: Any, fmt: ChatFormat, parser: Any, stop_ids: set[int],
-                 arena: ArenaGroups | None, output_dir: Path, scorer: Any = None):
+                 arena: ArenaGroups | None, output_dir: Path, scorer: Any = None, augmenters: list | None = None):
         self.loop_cfg, self.env, self.fmt, self.parser, self.stop_ids = loop_cfg, env, fmt, parser, stop_ids
         self.arena, self.output_dir = arena, output_dir
         self.scorer = scorer  # scores inside the episode (episodes with state), else None: verl's reward worker
+        self.augmenters = augmenters or []  # rollout.augment, built once
 
     @classmethod
     async def get(cls, config: DictConfig, tokenizer: Any, sample: dict | None = None) -> WorkerState:
@@ -142,9 +144,9 @@ class WorkerState:
 
     @classmethod
     async def _build(cls, config: DictConfig, tokenizer: Any, sample: dict | None) -> WorkerState:
-        ours = config.rl_factory
-        env_cfg = section(ours, "env", EnvConfig)
-        loop_cfg = loop_config(env_cfg, section(ours, "rollout", SamplingConfig))
+        ours = parse(config.rl_factory)  # our config, as the launcher handed it on: parsed once per worker
+        env_cfg = ours.env
+        loop_cfg = loop_config(env_cfg, ours.rollout)
         # verl pads every response to response_length: the whole multi-turn tail must fit in it.
         loop_cfg.max_tail_tokens = config.actor_rollout_ref.rollout.response_length
         output_dir, worker = Path(ours.trainer.output_dir), f"{socket.gethostname()}-{os.getpid()}"
@@ -153,9 +155,10 @@ class WorkerState:
         tools = await env.list_tools()  # stdio servers start here, once per worker process
         stop_ids = {tokenizer.eos_token_id, *_generation_eos_ids(config)}
         arena = group_stage(ours, env, output_dir, worker)  # ArenaRL and rollout filters meet here (pipeline.py)
-        scorer = build_scorer(section(ours, "reward", RewardConfig)).use_tools(env) if env.episodic else None
+        scorer = build_scorer(ours.reward).use_tools(env) if env.episodic else None
         return cls(loop_cfg, env, ChatFormat(tokenizer, tools), get_parser(env_cfg.parser, tools=tools),
-                   {i for i in stop_ids if i is not None}, arena, output_dir, scorer)
+                   {i for i in stop_ids if i is not None}, arena, output_dir, scorer,
+                   build_augmenters(ours.rollout.augment))
 
 
 def _generation_eos_ids(config: DictConfig) -> list[int]:
@@ -203,7 +206,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         if score is not None:  # verl skips its reward worker for this trajectory: its rollouts line is written here
             write_part(state.output_dir, split, step,
                        [{**trajectory_record(traj), "session": session, "score": score, "timing": spent}])
-        traj = await augmented(traj, self.config, validate or failed)  # rollout.augment: one output per view
+        traj = await augmented(traj, state.augmenters, validate or failed)  # rollout.augment: one output per view
         outputs = to_outputs(traj, timing, score, self.rollout_config.response_length,
                              record=to_record(traj, step, split, session, spent))
         # rollout filters, failed episodes: a dropped trajectory trains no token

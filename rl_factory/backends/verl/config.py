@@ -1,9 +1,10 @@
 """verl's composed config from ours: `configs/verl.yaml` (verl's ppo_trainer + our defaults) + the mapping.
 
-`compose_verl(ours, raw_overrides, ...)` composes `configs/verl.yaml` with the raw verl overrides the
-user gave (any verl key), then writes the values derived from our config (`verl_values`, a table) into
-every key the user did not set directly, and stores our whole config under `rl_factory`, where the agent
-loop, the reward adapter and the launcher read it. So `rollout.n=16` sets `actor_rollout_ref.rollout.n`,
+`compose_verl(ours, raw_overrides, ...)` (`ours`: our parsed config, rl_factory.config.RunConfig) composes
+`configs/verl.yaml` with the raw verl overrides the user gave (any verl key), then writes the values derived
+from our config (`verl_values`, a table) into every key the user did not set directly, and stores our whole
+config under `rl_factory`, where the agent loop and the metrics logger parse it (the reward adapter gets its
+slices as reward_kwargs). So `rollout.n=16` sets `actor_rollout_ref.rollout.n`,
 and an explicit `actor_rollout_ref.rollout.n=4` on the same command line would win.
 
 Keys of ours with no verl counterpart stay ours (`env.*`, `rollout.max_response_tokens`, `context`,
@@ -27,7 +28,7 @@ from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.sampler import sampler_values
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
-from rl_factory.config import CONFIG_DIR, ConfigError, _has_key, _short
+from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -38,7 +39,7 @@ LOGGERS = {"console": "console", "jsonl": LOGGER_NAME, "tensorboard": "tensorboa
 VERL_OPTIONS = {"norm_by_std", "gamma", "lam"}
 
 
-def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -> dict[str, Any]:
+def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) -> dict[str, Any]:
     """verl key -> value for everything our config decides (the mapping table)."""
     alg, roll, optim, t, data = ours.algorithm, ours.rollout, ours.optim, ours.trainer, ours.data
     opts = dict(alg.advantage_options or {})
@@ -103,11 +104,8 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
         # reward: ours, called by verl's reward workers
         "reward.custom_reward_function.path": REWARD_FN_PATH,
         "reward.custom_reward_function.name": "compute_score",
-        "reward.custom_reward_function.reward_kwargs": {"rl_factory": {
-            "reward": OmegaConf.to_container(ours.reward, resolve=True),
-            "tools": OmegaConf.to_container(ours.env.tools, resolve=True)
-            if isinstance(ours.env.tools, DictConfig) else ours.env.tools,
-            "output_dir": str(out_dir)}},
+        "reward.custom_reward_function.reward_kwargs": {"rl_factory": {  # the reward worker parses these
+            "reward": ours.composed["reward"], "tools": ours.composed["env"]["tools"], "output_dir": str(out_dir)}},
         # trainer and run directory
         "trainer.experiment_name": ours.experiment_name,
         "trainer.total_training_steps": t.total_steps,
@@ -139,7 +137,7 @@ def _resume(resume: str) -> dict[str, Any]:
     return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": resume}
 
 
-def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[str, str],
+def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str, str],
                  model_path: str) -> DictConfig:
     """verl's full config: configs/verl.yaml + raw verl overrides + our mapped values + `rl_factory`."""
     from hydra import compose, initialize_config_dir
@@ -175,8 +173,8 @@ def compose_verl(ours: DictConfig, raw_overrides: list[str], data_files: dict[st
         _add_external_lib(cfg, "actor_rollout_ref.model", given)
         if cfg.algorithm.adv_estimator == "gae":
             _add_external_lib(cfg, "critic.model", given)
-    with open_dict(cfg):
-        cfg.rl_factory = OmegaConf.create(OmegaConf.to_container(ours, resolve=True))
+    with open_dict(cfg):  # our whole config as given, for the workers (each parses it once)
+        cfg.rl_factory = OmegaConf.create(ours.composed)
     return cfg
 
 

@@ -29,13 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 from rl_factory import capabilities
-from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
-from rl_factory.config import section
+from rl_factory.algorithms.group_arena import GroupArena
+from rl_factory.config import RunConfig
 from rl_factory.types import Group, Trajectory
 
 
@@ -56,12 +53,12 @@ class ArenaGroups:
         self._groups: dict[str, _Pending] = {}
 
     @classmethod
-    def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> ArenaGroups:
-        arena_cfg = section(ours.algorithm, "arena", ArenaConfig)
+    def from_config(cls, ours: RunConfig, tools: Any, out_dir: Path) -> ArenaGroups:
+        arena_cfg = ours.algorithm.arena
         # the launcher refused it already; a worker given such a config by hand stops here
         capabilities.check("verl", {"algorithm.advantage": ours.algorithm.advantage,
                                     "algorithm.arena.anchor": arena_cfg.anchor})
-        reward = build_scorer(section(ours, "reward", RewardConfig))
+        reward = build_scorer(ours.reward)
         arena = GroupArena(arena_cfg, reward)
         out_dir.mkdir(parents=True, exist_ok=True)
         arena.start(out_dir)

@@ -7,8 +7,11 @@ is written or Ray starts); our data is converted to verl's Parquet layout in `<o
 `validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
 fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
-Paths in the config are made absolute: Ray workers do not share the driver's working directory, and on
-several nodes the output directory, data and manifest must be on storage every node sees.
+Our config is parsed once here (`rl_factory.config.parse`) and the steps get its slices. Paths in it are
+made absolute: Ray workers do not share the driver's working directory, and on several nodes the output
+directory, data and manifest must be on storage every node sees. verl's workers receive our config as
+plain data under `rl_factory` in verl's config (and the reward's slices as `reward_kwargs`) and parse it
+with the same function, once per process (agent_loop.WorkerState, reward._scorer_for, run_dir.RunDirLogger).
 """
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from rl_factory.config import ConfigError, printable, redacted, worker_config
+from rl_factory.config import ConfigError, RunConfig, check_training, parse, printable, redacted, worker_config
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -57,19 +60,18 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
                           f"(known: {sorted(core_algos.POLICY_LOSS_REGISTRY)})")
 
 
-def absolute(ours: DictConfig) -> DictConfig:
+def absolute(run: RunConfig) -> RunConfig:
     """Our config with the paths the workers read made absolute."""
-    ours = OmegaConf.create(OmegaConf.to_container(ours, resolve=True))
-    with open_dict(ours):
-        ours.trainer.output_dir = str(Path(ours.trainer.output_dir).resolve())
-        if isinstance(ours.env.tools, str) and ours.env.tools:
-            ours.env.tools = str(Path(ours.env.tools).resolve())
-        reward = ours.reward
-        reward.function = _absolute_spec(reward.function)
-        reward.process.function = _absolute_spec(reward.process.function)
-        for item in reward.functions or []:
-            item.function = _absolute_spec(item.function)
-    return ours
+    reward = run.reward
+    values: dict[str, Any] = {"trainer.output_dir": str(Path(run.trainer.output_dir).resolve()),
+                              "reward.function": _absolute_spec(reward.function),
+                              "reward.process.function": _absolute_spec(reward.process.function)}
+    if isinstance(run.env.tools, str) and run.env.tools:
+        values["env.tools"] = str(Path(run.env.tools).resolve())
+    if reward.functions:
+        values["reward.functions"] = [{**item, "function": _absolute_spec(item.get("function"))}
+                                      for item in reward.functions]
+    return run.with_values(values)
 
 
 def _absolute_spec(spec: str | None) -> str | None:
@@ -80,37 +82,37 @@ def _absolute_spec(spec: str | None) -> str | None:
     return f"{Path(path).resolve()}:{name}"
 
 
-def model_path(ours: DictConfig, build: bool) -> str:
+def model_path(ours: RunConfig, build: bool) -> str:
     """The model directory or hub id; `builtin:` models are built (once, cached) only when `build`."""
     path = ours.model.path
     if not path.startswith("builtin:") or not build:
         return path
-    from rl_factory.components import DataConfig, EnvConfig, load_rows, open_env
-    from rl_factory.config import section
+    from rl_factory.components import load_rows, open_env
     from rl_factory.policy import resolve_model_path
 
     async def tools() -> list[dict]:
         # the first training row lists the tools of per-episode servers whose launch line names the sample
-        probe = load_rows(ours.data.train_files, section(ours, "data", DataConfig), limit=1)[0]
-        async with open_env(section(ours, "env", EnvConfig), probe_sample=probe) as env:
+        probe = load_rows(ours.data.train_files, ours.data, limit=1)[0]
+        async with open_env(ours.env, probe_sample=probe) as env:
             return await env.list_tools()
 
     return resolve_model_path(path, asyncio.run(tools()), int(ours.seed), log=log.info)
 
 
-def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
-    """Run (or with `print_only` = "job" / "resolve", print) the verl training job for our config."""
+def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
+    """Run (or with `print_only` = "job" / "resolve", print) the verl training job for our config (a
+    composed one is parsed here, once)."""
     try:
         import verl  # noqa: F401  (importing verl runs our verl.plugins entry point)
     except ImportError as exc:
         raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
                           f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
-    from rl_factory.backends.verl import supported
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.pipeline import check_verl_pipeline
 
+    ours = ours if isinstance(ours, RunConfig) else parse(ours)
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
-    supported.check(ours)  # before a builtin model is built; again with verl's keys after composing
+    check_training(ours)  # the table with our keys, before a builtin model is built; with verl's after composing
     ours = absolute(ours)
     out_dir = Path(ours.trainer.output_dir)
     files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
@@ -120,13 +122,11 @@ def train(ours: DictConfig, raw_overrides: list[str] = (), print_only: str | Non
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}
     from rl_factory.backends.verl.data import convert
-    from rl_factory.components import DataConfig, RewardConfig
-    from rl_factory.config import section
     from rewards.scorer import build_scorer
 
-    scorer = build_scorer(section(ours, "reward", RewardConfig))  # what the reward workers will load
+    scorer = build_scorer(ours.reward)  # what the reward workers will load
     try:
-        convert(section(ours, "data", DataConfig), out_dir / "verl_data", reward=scorer)
+        convert(ours.data, out_dir / "verl_data", reward=scorer)
     finally:
         scorer.close()
     return run(cfg)

@@ -28,6 +28,7 @@ Stage by stage, what runs where (verl 0.9.1, V1 trainer):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections import Counter
@@ -36,6 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rewards.combine import RewardConfig
 from rl_factory import capabilities
 from rl_factory.algorithms.advantages import REQUIRED_INPUTS
 from rl_factory.backends.verl import supported
@@ -44,8 +46,8 @@ from rl_factory.backends.verl.plugin import registered_name
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import compute_score
 from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
-from rl_factory.config import plain, section
-from rl_factory.pipeline import PipelineConfig, augment, build_augmenters, build_filters, check_pipeline
+from rl_factory.config import RunConfig, plain
+from rl_factory.pipeline import augment, build_filters, check_pipeline
 from rl_factory.pipeline.filters import Filter, apply_filters
 from rl_factory.types import Group, Trajectory
 
@@ -56,15 +58,14 @@ GROUP_KEY = "rl_factory_group_key"
 SAMPLER_NAME = "RolloutReplayBuffer"
 
 
-def check_verl_pipeline(ours: DictConfig, cfg: DictConfig) -> None:
+def check_verl_pipeline(ours: RunConfig, cfg: DictConfig) -> None:
     """Refuse up front what verl cannot train (module docstring; the capability table, supported.py) and a
     malformed pipeline; `cfg` is the composed config."""
-    roll = ours.rollout
-    check_pipeline(_pipeline_config(roll), ours.algorithm.advantage, roll.context, backend="verl")
+    check_pipeline(ours.rollout, ours.algorithm.advantage, ours.rollout.context, backend="verl")
     supported.check(ours, cfg)
 
 
-def pipeline_values(ours: DictConfig) -> dict[str, Any]:
+def pipeline_values(ours: RunConfig) -> dict[str, Any]:
     """verl key -> value for the pipeline (an addition to `config.verl_values`' table)."""
     roll, values = ours.rollout, {}
     # Ours leave dropped rows (a filter's, a failed episode's) out of the group; verl's own grpo is kept
@@ -85,16 +86,16 @@ def pipeline_values(ours: DictConfig) -> dict[str, Any]:
     return values
 
 
-def episodic(ours: DictConfig) -> bool:
+def episodic(ours: RunConfig) -> bool:
     """Whether the run's episodes hold state (`scope: episode` servers or an environment): read from the
     config in the driver, starting nothing. The manifest is read as plain YAML, not loaded: loading it
     interpolates `${oc.env:VAR}` and registers the values as literal secrets, which would mask them in
     the config handed to verl's workers."""
     import yaml
 
-    if ours.env.get("environment"):
+    if ours.env.environment:
         return True
-    tools = plain(ours.env.tools)
+    tools = ours.env.tools
     try:
         raw = yaml.safe_load(Path(tools).read_text()) if isinstance(tools, str) and tools else tools
     except (OSError, yaml.YAMLError):  # the launcher reports a bad manifest on its own
@@ -117,11 +118,11 @@ class PipelineGroups(ArenaGroups):
         self.filters, self.reward_settings = filters, reward_settings
 
     @classmethod
-    def from_config(cls, ours: DictConfig, tools: Any, out_dir: Path) -> PipelineGroups:
+    def from_config(cls, ours: RunConfig, tools: Any, out_dir: Path) -> PipelineGroups:
         arena = ArenaGroups.from_config(ours, tools, out_dir).arena if tournament(ours) else None
         out_dir.mkdir(parents=True, exist_ok=True)
-        settings = {"reward": plain(ours.reward), "tools": plain(ours.env.tools)}
-        return cls(build_filters(plain(ours.rollout.filters)), settings, arena, tools, out_dir)
+        settings = {"reward": reward_settings(ours.reward), "tools": ours.env.tools}  # as verl's reward_kwargs
+        return cls(build_filters(ours.rollout.filters), settings, arena, tools, out_dir)
 
     async def _play(self, uid: str, entry: _Pending, step: int) -> dict[int, float]:
         sessions = sorted(s for s, t in entry.trajs.items() if t is not None)
@@ -159,13 +160,18 @@ class PipelineGroups(ArenaGroups):
         return await self.arena.score_groups(groups, step, group_ids=[uid])
 
 
-def tournament(ours: DictConfig) -> bool:
+def reward_settings(reward: RewardConfig) -> dict[str, Any]:
+    """`reward.*` as plain data, for `compute_score`'s reward_kwargs (it parses them as the reward worker does)."""
+    return dataclasses.asdict(reward)
+
+
+def tournament(ours: RunConfig) -> bool:
     """Whether the estimator ranks a prompt's rollouts by tournament: it declares `requires=("scores",)`
     (rl_factory/algorithms/advantages.py; `arena`)."""
     return "scores" in REQUIRED_INPUTS.get(ours.algorithm.advantage, ())
 
 
-def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:
+def group_stage(ours: RunConfig, tools: Any, output_dir: Path, worker: str) -> ArenaGroups | None:
     """The per-prompt rendezvous of an agent-loop worker: filters (and arena), arena alone, or none."""
     if ours.rollout.filters:
         where = "arena" if tournament(ours) else "pipeline"
@@ -175,19 +181,15 @@ def group_stage(ours: DictConfig, tools: Any, output_dir: Path, worker: str) -> 
     return None
 
 
-_AUGMENTERS: dict[int, tuple[DictConfig, list]] = {}
-
-
-async def augmented(traj: Trajectory, config: DictConfig, validate: bool) -> Trajectory:
-    """`traj` with the augmenters' views as its steps (training rollouts only; each view one output)."""
-    if validate or not config.rl_factory.rollout.augment:
+async def augmented(traj: Trajectory, augmenters: list, validate: bool) -> Trajectory:
+    """`traj` with the augmenters' views as its steps (training rollouts only; each view one output);
+    `augmenters`: the worker's, built once from `rollout.augment` (agent_loop.WorkerState)."""
+    if validate or not augmenters:
         return traj
-    if id(config) not in _AUGMENTERS:  # the entry holds the config, so its id cannot be reused
-        _AUGMENTERS[id(config)] = (config, build_augmenters(plain(config.rl_factory.rollout.augment)))
-    await augment(_AUGMENTERS[id(config)][1], [traj])
+    await augment(augmenters, [traj])
     heavy = sorted({s.weight for s in traj.steps if s.weight != 1.0})
     if heavy:  # a user augmenter's weights: known only now
-        names = tuple(a.name for a in _AUGMENTERS[id(config)][1])
+        names = tuple(a.name for a in augmenters)
         try:
             capabilities.check("verl", {"rollout.augment": names, capabilities.VIEW_WEIGHT: heavy[0]})
         except capabilities.Unsupported as exc:
@@ -209,11 +211,6 @@ def finish_outputs(outputs: Any, traj: Trajectory, scored: bool = False) -> Any:
     return outputs
 
 
-def _pipeline_config(roll: DictConfig) -> PipelineConfig:
-    keys = ("filters", "augment", "dynamic_sampling")
-    return section({"rollout": {k: plain(roll[k]) for k in keys}}, "rollout", PipelineConfig)
-
-
 class RolloutReplayBuffer(PollingReplayBuffer):
     """verl's sync V1 ReplayBuffer with DAPO group filtering on `GROUP_KEY`, capped at `max_rounds`
     (polling as `sampler.PollingReplayBuffer`).
@@ -223,7 +220,7 @@ class RolloutReplayBuffer(PollingReplayBuffer):
     """
 
     def __init__(self, *args: Any, sampler_kwargs: Any, refill_fn: Any = None, **kwargs: Any):
-        ours = plain(sampler_kwargs["rl_factory"])
+        ours = plain(sampler_kwargs["rl_factory"])  # the sampler's own settings (pipeline_values), not our config
         self.round_size, self.max_rounds = int(ours["train_batch_size"]), int(ours["max_rounds"])
         self.refilled, self.capped = 0, False
 

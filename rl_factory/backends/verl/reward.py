@@ -21,9 +21,8 @@ from typing import Any
 
 from rl_factory.backends.verl.records import RECORD_KEY, from_record, rollout_line
 from rl_factory.backends.verl.run_dir import write_part
-from rl_factory.components import EnvConfig, open_env
-from rl_factory.config import plain, section
-from rewards.combine import RewardConfig
+from rl_factory.components import open_env
+from rl_factory.config import parse, plain
 from rewards.scorer import build_scorer
 
 _SCORERS: dict[str, _WorkerScorer] = {}
@@ -34,9 +33,10 @@ class _WorkerScorer:
     """The run's `Scorer` and the (lazy) tool env of one reward worker process."""
 
     def __init__(self, reward_cfg: dict[str, Any], tools: Any, output_dir: str | None = None):
-        self.scorer = build_scorer(section({"reward": reward_cfg}, "reward", RewardConfig))
+        ours = parse({"reward": reward_cfg, "env": {"tools": tools}})  # the slices verl hands the reward worker
+        self.scorer = build_scorer(ours.reward)
         self.output_dir = output_dir  # where the scored rollouts lines go (run_dir.py); None: nowhere
-        self.tools_cfg, self.env, self._lock = EnvConfig(tools=tools), None, asyncio.Lock()
+        self.tools_cfg, self.env, self._lock = ours.env, None, asyncio.Lock()
 
     async def tools(self) -> Any:
         async with self._lock:

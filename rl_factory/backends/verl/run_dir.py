@@ -125,10 +125,12 @@ class RunDirLogger:
     def __init__(self, config: dict[str, Any]):
         from rl_factory.tracking import JsonlLogger
 
-        ours = config["rl_factory"]
-        self.out_dir = Path(ours["trainer"]["output_dir"])
-        self.threshold = float(ours["reward"]["success_threshold"])
-        self.report = bool(ours["trainer"].get("report", True))
+        from rl_factory.config import parse
+
+        ours = parse(config["rl_factory"])  # our config as the launcher handed it on (once: one logger a run)
+        self.out_dir = Path(ours.trainer.output_dir)
+        self.threshold = float(ours.reward.success_threshold)
+        self.report = bool(ours.trainer.report)
         self.resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
         if self.resume is not None:
             drop_unfinished(self.out_dir, self.resume)

@@ -8,18 +8,21 @@ known, raw verl overrides included. The old-log-probs limits are checked where t
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from rl_factory import capabilities
 from rl_factory.critic import check_critic_type
 
+if TYPE_CHECKING:
+    from rl_factory.config import RunConfig
+
 # The custom sampler dynamic sampling installs (pipeline.RolloutReplayBuffer): ours, not a conflicting one.
 OUR_SAMPLER_PATH = "pkg://rl_factory.backends.verl.pipeline"
 
 
-def check(ours: DictConfig, cfg: DictConfig | None = None) -> None:
+def check(ours: RunConfig, cfg: DictConfig | None = None) -> None:
     """Refuse, with the table's one line, what verl cannot train in our config (and the composed `cfg`)."""
     check_critic_type(ours.algorithm.critic)
     facts = capabilities.facts(ours.algorithm, ours.rollout, reward=ours.reward, env=ours.env, data=ours.data)
