@@ -73,8 +73,8 @@ def verl_setup(tmp_path, tiny_model_dir):
 
     def make(*overrides: str):
         ours = absolute(parse(load_config("grpo", ["trainer.backend=verl", f"data.train_files={data}",
-                                             f"data.val_files={data}", f"trainer.output_dir={tmp_path / 'run'}",
-                                             "rollout.n=3", *overrides]))
+                                                   f"data.val_files={data}", f"trainer.output_dir={tmp_path / 'run'}",
+                                                   "rollout.n=3", *overrides])))
         files = {k: str(v) for k, v in convert(ours.data, tmp_path / "verl_data").items()}
         cfg = compose_verl(ours, [], files, str(tiny_model_dir))
         OmegaConf.resolve(cfg)

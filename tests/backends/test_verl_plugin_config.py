@@ -256,7 +256,9 @@ def test_old_log_probs_resolve_to_the_cheapest_exact_source(tmp_path, tiny_model
      "with algorithm.rollout_correction=rollout_is"),
     (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"],
      "with algorithm.rollout_correction.bypass_mode=false: .*; set only one of them"),
-    (["algorithm.old_log_probs=sometimes"], [], "expected one of auto, update, rollout, recompute"),
+    # refused where the config is parsed, as on the embedded backend
+    (["algorithm.old_log_probs=sometimes"], [], "algorithm.old_log_probs: Input should be 'auto', 'update', 'rollout' "
+                                                "or 'recompute'"),
 ])
 def test_an_old_log_probs_mode_that_would_be_inexact_is_refused(tmp_path, tiny_model_dir, overrides, raw, message):
     with pytest.raises(ConfigError, match=message):
