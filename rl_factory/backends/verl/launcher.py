@@ -48,6 +48,11 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
 
     if plugin.REGISTRATION_ERROR:
         raise ConfigError(f"rl_factory's verl plugin failed to register:\n{plugin.REGISTRATION_ERROR}")
+    from rl_factory.algorithms.advantages import ADVANTAGES, required_inputs
+
+    if advantage in ADVANTAGES and advantage not in core_algos.ADV_ESTIMATOR_REGISTRY and not plugin.verl_fills(advantage):
+        raise ConfigError(f"algorithm.advantage: {advantage!r} requires {list(required_inputs(advantage))}, which verl's "
+                          f"estimator call cannot give (it gives rewards, group ids and {', '.join(plugin.VERL_INPUTS)})")
     if advantage not in core_algos.ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.advantage: {advantage!r} is not in verl's estimator registry "
                           f"(known: {sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}); is rl_factory installed with "
