@@ -132,7 +132,7 @@ def verl_values(ours: DictConfig, data_files: dict[str, str], model_path: str) -
 
 
 def _resume(resume: str) -> dict[str, Any]:
-    if resume == "auto":
+    if resume in ("auto", "force"):  # force: RunDir.claim let a changed config continue the directory's run
         return {"trainer.resume_mode": "auto"}
     if resume in ("never", "false", "False", None):
         return {"trainer.resume_mode": "disable"}
