@@ -64,6 +64,12 @@ def advantage_options() -> dict[str, Any]:
 def _outcome_estimator(name: str):
     """verl's estimator signature around our registry entry `name`."""
 
+    import inspect
+
+    from rl_factory.algorithms.advantages import get_advantage
+
+    takes_norm_by_std = "norm_by_std" in inspect.signature(get_advantage(name)).parameters
+
     def estimator(token_level_rewards, response_mask, index=None, config=None, **_: Any):
         import torch
 
@@ -81,7 +87,7 @@ def _outcome_estimator(name: str):
         # a tournament estimator (arena): the agent loop put tournament scores where the rewards are
         scores = rewards_live if "scores" in REQUIRED_INPUTS[name] else None
         options = dict(advantage_options())
-        if name == "grpo" and config is not None and "norm_by_std" not in options:
+        if takes_norm_by_std and config is not None and "norm_by_std" not in options:  # grpo: verl's own key for it
             options["norm_by_std"] = bool(config.get("norm_adv_by_std_in_grpo", True))
         inputs = AdvantageInputs.build(rewards_live, [group_ids[i] for i in rows], scores=scores,
                                        response_mask=response_mask.detach().cpu()[live])
