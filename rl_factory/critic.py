@@ -13,16 +13,20 @@ one (`cliprange_value`), weighted by `vf_coef` and averaged over generated token
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from rl_factory.algorithms.advantages import AdvantageInputs, estimate, whiten
+from rl_factory.algorithms.advantages import VALUE_TARGETS, AdvantageInputs
 from rl_factory.errors import ConfigError
-from rl_factory.types import Trajectory
+from rl_factory.providers import Provider, ProviderContext, StepBatch, register_provider
+from rl_factory.types import Group, Trajectory
 
+log = logging.getLogger("rl_factory")
 VALUE_HEAD_FILE = "value_head.pt"
 # auto: the backend's own | value_head: the embedded backend's | model: verl's separate critic model
 CRITIC_TYPES = ("auto", "value_head", "model")
@@ -112,32 +116,29 @@ def compute_values(policy, head: ValueHead, trajs: list[Trajectory], micro_batch
     return out
 
 
-def assign_gae(trajs: list[Trajectory], values: list[list[float]], gamma: float = 1.0, lam: float = 1.0,
-               whiten_advantages: bool = True) -> dict[str, float]:
-    """GAE token advantages and returns onto each trajectory; returns critic/* metrics.
-
-    Sets `token_advantages`, `old_values` and `returns` (aligned with token_ids, 0 off generated
-    tokens) and `advantage` (the mean token advantage, for logging and the rollout records).
-    """
-    if not trajs:  # the rollout filters may leave none
-        return {}
-    width = max(len(t.token_ids) for t in trajs)
-    def pad(rows):
-        return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float64)
-    mask = pad([[float(m) for m in t.loss_mask] for t in trajs])
-    v = pad(values)
-    inputs = AdvantageInputs.build([t.reward or 0.0 for t in trajs], list(range(len(trajs))),
-                                   token_rewards=pad([token_rewards(t) for t in trajs]), values=v, response_mask=mask)
-    raw = estimate("gae", inputs, gamma=gamma, lam=lam, whiten_advantages=False)
-    returns = (raw + v) * mask
-    adv = whiten(raw, mask) * mask if whiten_advantages else raw
+def critic_targets(trajs: list[Trajectory], values: torch.Tensor, returns: torch.Tensor,
+                   mask: torch.Tensor) -> dict[str, float]:
+    """The critic's inputs of the update onto each trajectory, `old_values` and `returns` (aligned with
+    token_ids, 0 off generated tokens); returns the critic/* metrics."""
     for i, t in enumerate(trajs):
         n = len(t.token_ids)
-        t.token_advantages, t.old_values, t.returns = adv[i, :n].tolist(), v[i, :n].tolist(), returns[i, :n].tolist()
-        t.advantage = float(adv[i].sum() / mask[i].sum().clamp(min=1))
-    return {"critic/values_mean": float((v * mask).sum() / mask.sum().clamp(min=1)),
+        t.old_values, t.returns = values[i, :n].tolist(), returns[i, :n].tolist()
+    return {"critic/values_mean": float((values * mask).sum() / mask.sum().clamp(min=1)),
             "critic/returns_mean": float(returns.sum() / mask.sum().clamp(min=1)),
-            "critic/vf_explained_var": explained_variance(v, returns, mask)}
+            "critic/vf_explained_var": explained_variance(values, returns, mask)}
+
+
+def assign_with_critic(advantage: str, trajs: list[Trajectory], values: list[list[float]],
+                       **options: Any) -> dict[str, float]:
+    """The trainer's step 5 (rl_factory/providers.py) over `trajs` with these values instead of the head's:
+    estimator `advantage` (one with critic targets) gives each trajectory its token advantages, `old_values`
+    and `returns`; returns critic/* metrics. Each trajectory is its own group (a critic reads no group)."""
+    from rl_factory.providers import build_providers
+    from rl_factory.update import AlgorithmConfig
+
+    providers = build_providers(ProviderContext(AlgorithmConfig(advantage=advantage)))
+    providers.by_input["values"].given = values
+    return providers.assign([Group(t.sample_index, [t]) for t in trajs], None, options)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -159,3 +160,67 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     loss = 0.5 * (losses * mask).sum() / n
     clipfrac = (((clipped - returns) ** 2 > (values - returns) ** 2).float() * mask).sum() / n
     return loss, {"value_loss": float(loss.detach()), "vf_clipfrac": float(clipfrac)}
+
+
+class ValueLoss:
+    """The update's value-loss term (rl_factory/update.py `LossTerm`): verl's clipped loss on the head's values
+    of the update's forward, times `vf_coef`; the head's gradient is clipped on its own, as a separate
+    critic model's would be."""
+
+    needs_hidden = True  # the head reads the policy's last hidden state
+    trains_every_sample = True  # token advantages are rarely all 0, and the critic learns from every sample
+    grad_norm_key = "critic/grad_norm"
+
+    def __init__(self, head: ValueHead, cfg: CriticConfig):
+        self.head, self.cfg = head, cfg
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.head.parameters())
+
+    def __call__(self, policy, batch: dict[str, torch.Tensor], packed, logprobs: torch.Tensor,
+                 hidden: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        vf_loss, stats = value_loss(self.head(hidden), batch["old_values"], batch["returns"], batch["loss_mask"],
+                                    self.cfg.cliprange_value)
+        return self.cfg.vf_coef * vf_loss, {f"critic/{k}": v for k, v in stats.items()}
+
+
+@register_provider("values")
+class Critic(Provider):
+    """`values`: the value head (`algorithm.critic`) values every token of the step's kept trajectories
+    before the update, and learns from the estimator's targets through the value-loss term."""
+
+    def __init__(self, ctx: ProviderContext):
+        super().__init__(ctx)
+        check_critic_type(ctx.alg.critic)
+        if ctx.alg.advantage not in VALUE_TARGETS:
+            raise ConfigError(f"algorithm.advantage: {ctx.alg.advantage!r} reads critic values but gives the critic "
+                              "no targets (rl_factory/algorithms/advantages.py VALUE_TARGETS)")
+        self.head: ValueHead | None = None
+        self.policy = None
+        self.given: list[list[float]] | None = None  # values computed elsewhere (assign_with_critic)
+
+    def attach(self, policy) -> None:
+        self.policy, self.head = policy, build_value_head(self.ctx.alg.critic, policy.model)
+
+    def param_groups(self) -> list[dict[str, Any]]:  # the critic learns at its own rate
+        return [{"params": list(self.head.parameters()), "lr": self.ctx.alg.critic.lr}]
+
+    def load(self, checkpoint: Path) -> None:
+        load_value_head(self.head, checkpoint)
+        log.info("restored the value head from %s", checkpoint / VALUE_HEAD_FILE)
+
+    def checkpoint_files(self) -> dict[str, Any]:
+        return {VALUE_HEAD_FILE: self.head.state_dict()}
+
+    def fill(self, batch: StepBatch) -> torch.Tensor:
+        values = self.given
+        if values is None:
+            values = compute_values(self.policy, self.head, batch.trajs, self.ctx.optim.micro_batch_size)
+        return batch.pad(values)
+
+    def after(self, batch: StepBatch, inputs: AdvantageInputs, advantages: torch.Tensor,
+              targets: torch.Tensor | None) -> dict[str, float]:
+        return critic_targets(batch.trajs, inputs.values, targets, inputs.response_mask)
+
+    def loss_terms(self) -> list[ValueLoss]:
+        return [ValueLoss(self.head, self.ctx.alg.critic)] if self.head is not None else []

@@ -57,12 +57,31 @@ class RunDir:
             ConfigError: the directory holds another run (one line: what differs, and the choices), or
                 `resume` names no checkpoint.
         """
-        self.config = redacted(cfg)
-        self._view = run_view(self.config)
-        resume = "never" if str(resume) in ("false", "False", "None") else str(resume)
+        resume = _mode(resume)
         if resume not in RESUME_MODES and not (Path(resume) / ckpt.STATE_FILE).exists():
             raise ConfigError(f"trainer.resume: {resume} is neither one of {', '.join(RESUME_MODES)} nor a "
                               f"checkpoint directory (no {ckpt.STATE_FILE})")
+        self.claim(cfg, resume)
+        if resume == "never":
+            return None
+        point = ckpt.latest_checkpoint(self.path) if resume in ("auto", "force") else Path(resume)
+        if point is not None and total_steps is not None and ckpt.checkpoint_step(point) >= total_steps:
+            self.finished_step = ckpt.checkpoint_step(point)
+        return point
+
+    def claim(self, cfg, resume: str) -> Path:
+        """Check that the directory is this run's (both backends; reads only); returns the run's directory.
+
+        A directory holding another run's results refuses `auto` and a checkpoint path (one line: what
+        differs, and the choices); `force` continues it with the changed config; `never` moves this run to
+        a fresh sibling (`self.path` changes). `start` or `record` later writes `run.json`.
+
+        Raises:
+            ConfigError: the directory holds a run of another config.
+        """
+        resume = _mode(resume)
+        self.config = redacted(cfg)
+        self._view = run_view(self.config)
         previous = self._previous_run()
         if previous is not None and resume == "never":
             self.path = _fresh_sibling(self.path)  # a new run never overwrites one that has results
@@ -73,12 +92,7 @@ class RunDir:
             if diff and resume != "force":
                 raise ConfigError(self._refusal(previous, diff))
             self.run_id, self._forced_diff = previous["run_id"] or self.run_id, diff
-        if resume == "never":
-            return None
-        point = ckpt.latest_checkpoint(self.path) if resume in ("auto", "force") else Path(resume)
-        if point is not None and total_steps is not None and ckpt.checkpoint_step(point) >= total_steps:
-            self.finished_step = ckpt.checkpoint_step(point)
-        return point
+        return self.path
 
     def _previous_run(self) -> dict | None:
         """The run this directory holds, if it has results (a checkpoint or logged steps) to protect."""
@@ -90,6 +104,7 @@ class RunDir:
             old = yaml.safe_load(config.read_text()) if config.exists() else None
             if not isinstance(old, dict):
                 return None
+            old = old.get("rl_factory", old)  # a verl run's config.yaml holds ours under `rl_factory`
             record = {"run_id": None, "view": run_view(old)}
         latest = ckpt.latest_checkpoint(self.path)
         return {"dir": self.path, "run_id": record.get("run_id"), "view": record.get("view", {}),
@@ -116,9 +131,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         setup_logging(self.path / "train.log")  # with what was logged before
         self.config = write_config(self.path, cfg)
-        record = {"run_id": self.run_id, "fingerprint": fingerprint(self._view or run_view(self.config)),
-                  "view": self._view or run_view(self.config)}
-        _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
+        self._write_record()
         if tools is not None:
             tools.log_to(self.path / "tool_logs")
         for note in self._notes:
@@ -126,6 +139,20 @@ class RunDir:
         log.info("%s run in %s (run id %s)", "resuming" if resumed else "starting", self.path, self.run_id)
         if self._forced_diff:
             log.warning("trainer.resume=force: continuing with a changed config (%s)", self._forced_diff)
+
+    def record(self) -> None:
+        """`run.json` alone, for the config `claim` checked: the verl launcher's first write (verl writes the rest)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._write_record()
+        for note in self._notes:
+            log.info(note)
+        if self._forced_diff:
+            log.warning("trainer.resume=force: continuing with a changed config (%s)", self._forced_diff)
+
+    def _write_record(self) -> None:
+        view = self._view or run_view(self.config)
+        record = {"run_id": self.run_id, "fingerprint": fingerprint(view), "view": view}
+        _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
 
     def write_report(self, enabled: bool = True) -> None:
         """(Re)write report.html; a report that fails is a warning, never the end of a run."""
@@ -167,6 +194,11 @@ def write_config(directory: Path, cfg) -> dict:
     config = redacted(cfg)
     _write_atomic(directory / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     return config
+
+
+def _mode(resume: Any) -> str:
+    """`trainer.resume` as a string; false / None spell `never`."""
+    return "never" if str(resume) in ("false", "False", "None") else str(resume)
 
 
 def _has_results(path: Path) -> bool:

@@ -4,9 +4,10 @@
   for each step: sample prompts -> n async multi-turn rollouts per prompt (tools via MCP) -> reward ->
   filters (and more prompts until enough groups survive: dynamic sampling) -> augmenters (training views) ->
   group advantages (registry) -> policy-loss update (registry) -> log / validate / save.
-Everything up to the advantages is the rollout pipeline (rl_factory/pipeline).
-With `algorithm.advantage=gae` a value head (rl_factory/critic.py, `critic.type=value_head`) values every
-token before the update, GAE gives per-token advantages, and the clipped value loss joins the policy loss.
+Everything up to the advantages is the rollout pipeline (rl_factory/pipeline). What the estimator
+reads beyond rewards comes from the providers of the inputs it declares (rl_factory/providers.py): the
+tournament (`scores`), inside the pipeline; a value head's values (`values`, rl_factory/critic.py), whose
+value loss joins the policy loss; per-token rewards and masks.
 Validation (greedy by default) runs at step 0, every `trainer.eval_every` steps and at the end; its
 time is `timing/val_s` of that step, apart from the step's own `timing/step_s`.
 A run killed at any point resumes from its last checkpoint with `trainer.resume=auto`.
@@ -14,7 +15,6 @@ A run killed at any point resumes from its last checkpoint with `trainer.resume=
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import random
@@ -30,18 +30,16 @@ from omegaconf import DictConfig
 from rl_factory import capabilities
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
-from rl_factory.algorithms.advantages import assign_advantages, required_inputs
-from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.components import (RewardConfig, SamplingConfig, build_agent, check_reward_columns, closing_engine,
                                    load_rows, open_env)
 from rl_factory.config import ConfigError, RunConfig, check_training, parse
-from rl_factory.critic import VALUE_HEAD_FILE, assign_gae, build_value_head, compute_values, load_value_head
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
 from rl_factory.lora import is_lora, load_adapter
 from rl_factory.pipeline import RolloutPipeline
 from rl_factory.policy import load_policy
+from rl_factory.providers import ProviderContext, build_providers
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
 from rl_factory.interrupt import interruptible
@@ -93,8 +91,8 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
     check_training(cfg)  # names, critic, pipeline, and what the embedded backend cannot train (one place)
     # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
     scorer = build_scorer(reward_cfg)
-    use_critic = _needs_critic(alg)  # gae: a value head trained alongside the policy
-    arena = _build_arena(alg, scorer)  # None unless the estimator ranks rollouts by tournament
+    # What the estimator reads beyond rewards, from the providers of the inputs it declares (a tournament, a critic)
+    providers = build_providers(ProviderContext(alg, scorer, optim_cfg))
     train_rows = load_rows(data_cfg.train_files, data_cfg)
     val_rows = load_rows(data_cfg.val_files, data_cfg, limit=data_cfg.val_limit)
     check_reward_columns(scorer, {"data.train_files": train_rows, "data.val_files": val_rows}, data_cfg.answer_key)
@@ -107,7 +105,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
     tools = open_env(env_cfg, probe_sample=train_rows[0] if train_rows else None)
     check_loggers(t_cfg.logger)  # a logger whose package is missing: one line, before any write
 
-    async with tools as env, arena or contextlib.nullcontext():
+    async with tools as env, providers:
         # Servers start here, not on entering: a task without tools starts none. A server that cannot
         # start, a model that cannot be loaded or a checkpoint that does not fit it fails before run.start.
         policy = load_policy(model_cfg, await env.list_tools(), seed=seed, log=log.info)
@@ -115,19 +113,16 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
             log.info("training on %s with the embedded backend (HF generate, one process); trainer.backend=verl is "
                      "the fast GPU path (vLLM rollouts, FSDP, packed sequences): README 'Scaling out'", policy.device)
         scorer.use_tools(env)  # a reward's `tools`: each trajectory's own episode (rollout_groups), else these
-        value_head = build_value_head(alg.critic, policy.model) if use_critic else None
-        param_groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad]}]  # LoRA: adapters
-        if value_head is not None:  # the critic learns at its own rate
-            param_groups.append({"params": list(value_head.parameters()), "lr": alg.critic.lr})
+        providers.attach(policy)  # e.g. the critic's value head, on the policy's hidden states
+        param_groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad]},  # LoRA: adapters
+                        *providers.param_groups()]  # e.g. the critic, at its own rate
         optimizer = torch.optim.AdamW(param_groups, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / max(1, optim_cfg.warmup_steps)))
         ref_model = load_reference(policy.model, alg)  # None unless the KL penalty is on
         step, history = 0, {}
         if resume_from is not None:
-            if value_head is not None:  # before the optimizer state, which holds the head's moments
-                load_value_head(value_head, resume_from)
-                log.info("restored the value head from %s", resume_from / VALUE_HEAD_FILE)
+            providers.load(resume_from)  # before the optimizer state, which holds their parameters' moments
             step, history = _resume(resume_from, policy, optimizer, scheduler, sampler)
         run.start(cfg.composed, resumed=resume_from is not None, tools=env)  # the first write into the run directory
         if resume_from is not None:
@@ -135,10 +130,10 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
         agent = build_agent(policy, env, env_cfg, roll_cfg)
         pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,
                                    batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
-                                   scorer=scorer, arena=arena, anchor_params=val_params, seed=seed)
+                                   scorer=scorer, group_stage=providers.group_stage, anchor_params=val_params,
+                                   seed=seed)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
-        if arena is not None:
-            arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
+        providers.start(run.path, resume_step=step + 1 if step else 0)  # e.g. the tournament's rankings.csv
         if policy.device.type == "cpu":  # an update's peak memory, touched once now instead of in the steps
             warm_heap(update_peak_bytes(policy.model.config, optim_cfg.micro_batch_tokens
                                         or optim_cfg.micro_batch_size * roll_cfg.max_total_tokens))
@@ -168,31 +163,25 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 # 1-3. Rollouts, rewards, filters: sample prompts (the sampler's position is checkpointed),
                 #      roll out n trajectories per prompt (async, multi-turn, tools over MCP), score each as it
                 #      finishes, drop what should not train (rollout.filters); with rollout.dynamic_sampling,
-                #      more prompts until enough groups survive. For arena, each group's survivors play here.
+                #      more prompts until enough groups survive. A group stage (arena's tournament) plays here.
                 #      Sampling is seeded per step and round (and per trajectory and turn inside).
                 batch = await pipeline.collect(step)
                 groups, trajs = batch.groups, batch.kept
                 # 4. Augment: the training samples of each kept trajectory (rollout.augment; default: itself).
                 augment_metrics = await pipeline.augment(batch)
                 t2 = time.perf_counter()
-                # 5. Advantages from the registry (one value per trajectory, broadcast over its tokens), over
-                #    the survivors of each group. GAE instead gets the critic's values of every token.
-                critic_metrics = {}
-                if value_head is not None:
-                    values = compute_values(policy, value_head, trajs, optim_cfg.micro_batch_size)
-                    critic_metrics = assign_gae(trajs, values, **alg.advantage_options)
-                else:
-                    assign_advantages(alg.advantage, groups, rewards=[scorer.outcome(t) for t in trajs],
-                                      scores=batch.scores, **alg.advantage_options)
-                # 6. Policy update with the registered policy loss (plus the value loss with a critic).
+                # 5. Advantages from the registry over the survivors of each group, with the inputs the
+                #    estimator declares filled by their providers (e.g. the critic's values of every token).
+                input_metrics = providers.assign(groups, batch.scores, alg.advantage_options)
+                # 6. Policy update with the registered policy loss, plus the extra loss terms (KL, the providers').
                 with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
                     actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model,
-                                          seed + step, value_head=value_head, guard=nonfinite)
+                                          seed + step, terms=providers.loss_terms(), guard=nonfinite)
                 t3 = time.perf_counter()
                 # 7. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,
                            **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **augment_metrics,
-                           **critic_metrics, "timing/update_s": t3 - t2}
+                           **input_metrics, "timing/update_s": t3 - t2}
                 if t_cfg.save_rollouts:  # dropped trajectories too, with the filter that dropped them
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", batch.trajectories)
                 last = step == t_cfg.total_steps
@@ -210,8 +199,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                     ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "sampler": sampler.state_dict(), "history": history,
-                    }, keep=t_cfg.keep_checkpoints,
-                        extra={VALUE_HEAD_FILE: value_head.state_dict()} if value_head is not None else None)
+                    }, keep=t_cfg.keep_checkpoints, extra=providers.checkpoint_files())
             progress.close()
         tracker.close()
     scorer.close()  # reward worker processes, if any
@@ -222,21 +210,6 @@ def check_supported(alg: AlgorithmConfig, roll_cfg: SamplingConfig, optim_cfg: O
                     reward_cfg: RewardConfig) -> None:
     """Refuse up front, with the capability table's one line, what the embedded backend cannot train."""
     capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg))
-
-
-def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
-    """The tournament runner when the estimator needs tournament scores, else None."""
-    if "scores" not in required_inputs(alg.advantage):
-        return None
-    try:
-        return GroupArena(alg.arena, scorer)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"algorithm.arena: {exc.args[0]}") from None
-
-
-def _needs_critic(alg: AlgorithmConfig) -> bool:
-    """Whether the estimator reads critic values (gae; `check_supported` refused every other case)."""
-    return "values" in required_inputs(alg.advantage)
 
 
 def _engine_metrics(engine) -> dict[str, float]:

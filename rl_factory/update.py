@@ -10,8 +10,11 @@ contribute no policy gradient, so they are not computed unless a KL penalty need
 count in the loss's denominator, so skipping them often halves the cost of an update on CPU without
 changing it. A mini-batch with none to compute takes no optimizer step (the warmup counts steps taken).
 
-The KL penalty to the frozen reference (only built when `kl_coef > 0`) is aggregated with the same
-`loss_agg` mode as the policy loss, as verl's `agg_loss` does.
+Beyond the policy loss, the loss is a list of terms (`LossTerm`), added in order: the KL penalty to the
+frozen reference (`KLPenalty`, only when `kl_coef > 0`; aggregated with the same `loss_agg` mode as the
+policy loss, as verl's `agg_loss` does), then each estimator input provider's (the critic's value loss,
+rl_factory/critic.py `ValueLoss`). A term that trains every sample makes the zero-advantage ones computed
+too; a term with parameters of its own has their gradient clipped apart from the policy's.
 
 An optimizer step whose loss or gradient norm is not finite is skipped (its gradients dropped, the
 weights and the optimizer state untouched) and counted in `update/skipped_nonfinite`: one NaN
@@ -24,14 +27,14 @@ import copy
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 import torch
 
 from rl_factory import capabilities
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
-from rl_factory.critic import CriticConfig, value_loss
+from rl_factory.critic import CriticConfig
 from rl_factory.errors import UserError
 from rl_factory.packing import MASK_KINDS, attention_cost_ratio, build_packs, pack_inputs
 from rl_factory.types import Trajectory
@@ -153,7 +156,8 @@ def micro_batches(items: list, max_rows: int, max_tokens: int | None, width: Cal
 def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-pad trajectories into tensors: ids/attention/loss mask/old log-probs [B, T], advantages [B].
 
-    Trajectories carrying `token_advantages` (gae) give advantages [B, T] plus old_values/returns [B, T].
+    Trajectories carrying `token_advantages` (token-level estimators) give advantages [B, T], plus
+    old_values/returns [B, T] where a critic set them.
     """
     width = max(len(t.token_ids) for t in trajs)
     rows = len(trajs)
@@ -170,13 +174,58 @@ def collate(trajs: list[Trajectory], pad_id: int, device: torch.device) -> dict[
         batch["loss_mask"][i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         batch["old_logprobs"][i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
     if getattr(trajs[0], "token_advantages", None) is not None:
+        critic = getattr(trajs[0], "returns", None) is not None
         for key, attr in (("advantages", "token_advantages"), ("old_values", "old_values"), ("returns", "returns")):
+            if key != "advantages" and not critic:
+                continue
             batch[key] = torch.zeros((rows, width), dtype=torch.float32)
             for i, t in enumerate(trajs):
                 batch[key][i, :len(t.token_ids)] = torch.tensor(getattr(t, attr), dtype=torch.float32)
     else:
         batch["advantages"] = torch.tensor([t.advantage for t in trajs], dtype=torch.float32)
     return {k: v.to(device) for k, v in batch.items()}
+
+
+class LossTerm(Protocol):
+    """One extra term of the update's loss: `term(policy, batch, packed, logprobs, hidden) -> (weighted loss,
+    metrics)` per micro-batch. Metric keys are prefixed `actor/` unless they start with `critic/`."""
+
+    needs_hidden: bool  # it reads the policy's last hidden states of the update's forward
+    trains_every_sample: bool  # a sample whose advantage is 0 still has a gradient through it
+    grad_norm_key: str | None  # with parameters of its own: their clipped gradient norm's metric
+
+    def parameters(self) -> list[torch.nn.Parameter]: ...
+
+    def __call__(self, policy, batch: dict[str, torch.Tensor], packed: dict | None, logprobs: torch.Tensor,
+                 hidden: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class KLPenalty:
+    """`kl_coef` x KL(policy || frozen reference), aggregated like the policy loss (`loss_agg`)."""
+
+    needs_hidden = False
+    trains_every_sample = True
+    grad_norm_key = None
+
+    def __init__(self, ref_model, alg: AlgorithmConfig):
+        self.ref_model, self.alg = ref_model, alg
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return []  # the reference is frozen
+
+    def __call__(self, policy, batch, packed, logprobs, hidden):
+        with torch.no_grad():
+            ref, _ = _logprobs(policy, batch, packed, model=self.ref_model)
+        kl = aggregate_loss(kl_penalty(logprobs, ref, kind=self.alg.kl_kind), batch["loss_mask"], self.alg.loss_agg)
+        return self.alg.kl_coef * kl, {"kl": float(kl.detach())}
+
+
+def loss_terms(alg: AlgorithmConfig, ref_model=None, extra: list[LossTerm] | tuple = ()) -> list[LossTerm]:
+    """The update's extra loss terms in the order they add: the KL penalty (with `kl_coef > 0`), then `extra`
+    (the estimator input providers', rl_factory/providers.py)."""
+    if alg.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
+    return [*([KLPenalty(ref_model, alg)] if alg.kl_coef > 0 else []), *extra]
 
 
 def load_reference(model, alg: AlgorithmConfig):
@@ -201,26 +250,29 @@ def old_log_probs_mode(alg: AlgorithmConfig, optim: OptimConfig) -> str:
 
 
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
-                  optim: OptimConfig, ref_model=None, seed: int = 0, value_head=None,
+                  optim: OptimConfig, ref_model=None, seed: int = 0, terms: list[LossTerm] | tuple = (),
                   guard: NonFiniteGuard | None = None) -> dict[str, float]:
     """PPO-style epochs of mini-batch updates; returns averaged loss/clip/KL/grad-norm metrics.
 
-    With a `value_head` (gae) the clipped value loss (`alg.critic`) is added, every trajectory trains
-    (token advantages are rarely all 0) and critic/* metrics are returned too. `guard` (the run's, so a
-    streak of non-finite steps spans calls; default a fresh one) decides whether each optimizer step runs.
+    The KL penalty (`ref_model`, with `alg.kl_coef > 0`) and `terms` (the providers' extra loss terms, e.g.
+    the critic's value loss) add to the policy loss (`loss_terms`); their metrics are returned too.
+    `guard` (the run's, so a streak of non-finite steps spans calls; default a fresh one) decides whether
+    each optimizer step runs.
 
     Raises:
         NonFiniteUpdates: `optim.max_nonfinite_steps` optimizer steps in a row were not finite.
     """
     guard = guard if guard is not None else NonFiniteGuard(optim.max_nonfinite_steps)
     skipped_before = guard.skipped
-    if alg.kl_coef > 0 and ref_model is None:
-        raise ValueError(f"algorithm.kl_coef={alg.kl_coef} needs a reference model (see load_reference)")
+    terms = loss_terms(alg, ref_model, terms)
+    every_sample = any(term.trains_every_sample for term in terms)
+    hidden_wanted = any(term.needs_hidden for term in terms)
+    own_params = [(term.grad_norm_key, term.parameters()) for term in terms if term.grad_norm_key]
     # One sample per trajectory, or one per turn with the `step` context policy. A zero-advantage sample
     # adds exactly 0 to the policy loss, so it is not computed; it still counts in the loss's
     # denominator (its tokens for token_mean, its row otherwise), as in DAPO, TRL and verl: leaving it out
     # would scale each step's gradient by 1 / (its share of samples with signal).
-    keep = [t.advantage != 0.0 or alg.kl_coef > 0 or value_head is not None for t in trajs]
+    keep = [t.advantage != 0.0 or every_sample for t in trajs]
     samples = [(s, k, t.sample_index) for t, k in zip(trajs, keep) for s in t.training_samples()]
     if not any(keep):
         return {"actor/trained_fraction": 0.0}
@@ -246,23 +298,16 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
             losses: list[float] = []
             for micro, packed in forward_batches(policy, trained, optim):
                 b = collate(micro, pad_id, policy.device)
-                logprobs, hidden = _logprobs(policy, b, packed, hidden=value_head is not None)
+                logprobs, hidden = _logprobs(policy, b, packed, hidden=hidden_wanted)
                 forward_tokens += packed["input_ids"].numel() if packed else b["input_ids"].numel()
                 old = logprobs.detach() if own_old else b["old_logprobs"]
                 loss, stats = loss_fn(logprobs, old, b["advantages"], b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
-                if ref_model is not None and alg.kl_coef > 0:
-                    with torch.no_grad():
-                        ref, _ = _logprobs(policy, b, packed, model=ref_model)
-                    kl = aggregate_loss(kl_penalty(logprobs, ref, kind=alg.kl_kind), b["loss_mask"], alg.loss_agg)
-                    loss = loss + alg.kl_coef * kl
-                    stats["kl"] = float(kl.detach())
-                if value_head is not None:
-                    vf_loss, vf_stats = value_loss(value_head(hidden), b["old_values"], b["returns"],
-                                                   b["loss_mask"], alg.critic.cliprange_value)
-                    loss = loss + alg.critic.vf_coef * vf_loss
-                    stats.update({f"critic/{k}": v for k, v in vf_stats.items()})
+                for term in terms:
+                    extra, term_stats = term(policy, b, packed, logprobs, hidden)
+                    loss = loss + extra
+                    stats.update(term_stats)
                 # Weight each micro-batch by its share of the mini-batch so accumulation gives the
                 # same gradient as one big batch (by tokens for token_mean, by rows otherwise).
                 share = (float(b["loss_mask"].sum()) / tokens) if alg.loss_agg == "token_mean" else len(micro) / rows
@@ -272,14 +317,13 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 for k, v in stats.items():
                     totals.setdefault(k, []).append(float(v))
             norms = [float(torch.nn.utils.clip_grad_norm_(params, optim.grad_clip))]
-            if value_head is not None:  # clipped on its own, as a separate critic model would be
-                norms.append(float(torch.nn.utils.clip_grad_norm_(value_head.parameters(), optim.grad_clip)))
+            # a term's own parameters (the value head) are clipped on their own, as a separate model's would be
+            norms += [float(torch.nn.utils.clip_grad_norm_(own, optim.grad_clip)) for _, own in own_params]
             if not guard.allows(losses, norms):
                 optimizer.zero_grad(set_to_none=True)  # NaN gradients must not reach the weights or Adam's moments
                 continue
-            totals.setdefault("grad_norm", []).append(norms[0])
-            if value_head is not None:
-                totals.setdefault("critic/grad_norm", []).append(norms[1])
+            for key, norm in zip(("grad_norm", *(k for k, _ in own_params)), norms):
+                totals.setdefault(key, []).append(norm)
             optimizer.step()
             scheduler.step()
     policy.model.eval()

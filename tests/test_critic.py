@@ -12,10 +12,11 @@ from rewards.process import ProcessRewardConfig
 from rewards.scorer import Scorer, build_scorer
 from rl_factory.config import ConfigError
 from rl_factory.components import SamplingConfig
-from rl_factory.critic import (CriticConfig, ValueHead, assign_gae, build_value_head, compute_values, token_rewards,
+from rl_factory.critic import (CriticConfig, ValueHead, ValueLoss, assign_with_critic, build_value_head, compute_values, token_rewards,
                                turn_end_positions)
 from rl_factory.policy import ModelConfig, load_policy
-from rl_factory.trainer import _needs_critic, check_supported
+from rl_factory.trainer import check_supported
+from rl_factory.providers import ProviderContext, build_providers
 from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
 from rl_factory.update import AlgorithmConfig, OptimConfig, update_policy
 
@@ -97,7 +98,7 @@ def test_gae_token_advantages_only_on_generated_tokens():
     trajs = [two_turn_traj(1.0), two_turn_traj(0.0)]
     trajs[1].process_rewards = [-0.1, 0.0]
     values = [[0.0] * len(t.token_ids) for t in trajs]
-    metrics = assign_gae(trajs, values, gamma=1.0, lam=1.0, whiten_advantages=False)
+    metrics = assign_with_critic("gae", trajs, values, gamma=1.0, lam=1.0, whiten_advantages=False)
     for t in trajs:
         assert len(t.token_advantages) == len(t.token_ids) == len(t.returns) == len(t.old_values)
         assert all(a == 0.0 for a, m in zip(t.token_advantages, t.loss_mask) if not m)
@@ -106,7 +107,7 @@ def test_gae_token_advantages_only_on_generated_tokens():
     assert [a for a, m in zip(trajs[1].token_advantages, trajs[1].loss_mask) if m] == \
         pytest.approx([-0.1] * 4 + [0.0] * 3)
     assert {"critic/values_mean", "critic/vf_explained_var"} <= set(metrics)
-    assign_gae(trajs, values)  # whitened by default: still zero off the generated tokens
+    assign_with_critic("gae", trajs, values)  # whitened by default: still zero off the generated tokens
     assert all(a == 0.0 for t in trajs for a, m in zip(t.token_advantages, t.loss_mask) if not m)
 
 
@@ -116,7 +117,9 @@ def test_embedded_trainer_accepts_gae_only_with_the_append_context():
 
     for critic in ("auto", "value_head"):  # auto is the embedded backend's own: the value head
         check(AlgorithmConfig(advantage="gae", critic=CriticConfig(type=critic)), SamplingConfig())
-    assert _needs_critic(AlgorithmConfig(advantage="gae")) and not _needs_critic(AlgorithmConfig(advantage="grpo"))
+    def inputs(advantage: str) -> set[str]:
+        return set(build_providers(ProviderContext(AlgorithmConfig(advantage=advantage))).by_input)
+    assert inputs("gae") == {"values", "response_mask", "token_rewards"} and inputs("grpo") == set()
     with pytest.raises(ConfigError, match="with rollout.context=step: .*; use rollout.context=append"):
         check(AlgorithmConfig(advantage="gae"), SamplingConfig(context="step"))
     with pytest.raises(ConfigError, match="algorithm.critic.type=model is not supported on the embedded backend"):
@@ -163,8 +166,9 @@ def test_value_loss_decreases_over_updates_on_a_fixed_batch(base_policy):
     trajs = [real_traj(policy, 1.0), real_traj(policy, 0.0), real_traj(policy, 1.0)]
     losses = []
     for step in range(6):
-        metrics = assign_gae(trajs, compute_values(policy, head, trajs, 8), gamma=1.0, lam=1.0)
-        out = update_policy(policy, optimizer, scheduler, trajs, alg, OptimConfig(), seed=step, value_head=head)
+        metrics = assign_with_critic("gae", trajs, compute_values(policy, head, trajs, 8), gamma=1.0, lam=1.0)
+        out = update_policy(policy, optimizer, scheduler, trajs, alg, OptimConfig(), seed=step,
+                            terms=[ValueLoss(head, alg.critic)])
         losses.append(out["critic/value_loss"])
         assert out["actor/trained_fraction"] == 1.0 and "critic/vf_explained_var" in metrics
     assert losses[-1] < 0.5 * losses[0], losses

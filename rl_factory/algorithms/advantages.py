@@ -7,9 +7,13 @@ Every estimator takes the same input, so the trainer resolves a name once and ca
 `AdvantageInputs` carries rewards [N] and group indices [N] (0..G-1; trajectories of one prompt share a
 group) and, for the estimators that need them, token-level rewards / values / response mask [N, T] and
 tournament scores [N]. An estimator declares what it needs when it registers
-(`@register_advantage("gae", requires=("values", "response_mask"))`); a missing input is a clear error,
-and the trainer checks up front whether it can provide them. Outcome estimators return one value per
-trajectory, which the loss broadcasts to the trajectory's generated tokens.
+(`@register_advantage("gae", requires=("values", "response_mask"), uses=("token_rewards",))`: `requires`
+it cannot work without, `uses` it reads when given); a missing input is a clear error. Who fills each
+input is not this module's business: the trainer looks up one provider per declared input
+(rl_factory/providers.py), and a new input is declared with `register_input` by its provider. Outcome
+estimators return one value per trajectory, which the loss broadcasts to the trajectory's generated tokens.
+An estimator that trains a critic also declares how the critic's targets follow from its own
+computation (`VALUE_TARGETS`; gae's: the unwhitened advantages plus the values).
 
 Built-ins and where they depart from their papers (each chosen to match verl where verl has an opinion
 and to be safe where it does not):
@@ -24,7 +28,7 @@ and to be safe where it does not):
   the whole batch (unbiased variance, eps 1e-8 inside the square root, as verl's `masked_whiten`). With
   a `response_mask` each trajectory weighs by its token count, exactly like verl's token-level
   whitening; without one every trajectory weighs 1.
-- `gae` (Schulman et al., 2016): per-token GAE over the response mask, skipping masked positions (tool
+- `gae` (Schulman et al., 2016; `gae.py`): per-token GAE over the response mask, skipping masked positions (tool
   observations) so the TD chain jumps over them, as verl's multi-turn GAE; whitened over the batch's
   masked tokens by default. Without `token_rewards` the outcome reward sits on the last masked token.
 - `arena` (ArenaRL): tournament scores (rank quantiles from `rl_factory.algorithms.arena`) z-scored
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -51,6 +55,12 @@ class AdvantageError(UserError, ValueError):
 
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {}
+USED_INPUTS: dict[str, tuple[str, ...]] = {}  # read when given, never missing
+# The optional inputs and their dimensions ([N] per trajectory, [N, T] per token); `register_input` adds more.
+INPUT_DIMS: dict[str, int] = {"token_rewards": 2, "values": 2, "response_mask": 2, "scores": 1}
+TargetsFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# name -> fn(inputs, **options) -> (advantages, critic targets): the estimators that train a critic
+VALUE_TARGETS: dict[str, TargetsFn] = {}
 
 
 @dataclass
@@ -64,6 +74,7 @@ class AdvantageInputs:
         values: [N, T] critic values (GAE).
         response_mask: [N, T] 1 on trained (generated) tokens, 0 elsewhere.
         scores: [N] precomputed per-trajectory scores, e.g. tournament rank quantiles (arena).
+        extra: the inputs added with `register_input`, read as attributes (`inputs.<name>`).
     """
 
     rewards: torch.Tensor
@@ -72,6 +83,12 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     response_mask: torch.Tensor | None = None
     scores: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not fields: the registered inputs
+        if name in INPUT_DIMS:
+            return self.__dict__.get("extra", {}).get(name)
+        raise AttributeError(name)
 
     @classmethod
     def build(cls, rewards: Any, group_ids: Any, **optional: Any) -> AdvantageInputs:
@@ -86,33 +103,49 @@ class AdvantageInputs:
             raise ValueError(f"got {values.numel()} rewards but {group_index.numel()} group ids")
         extra = {}
         for name, value in optional.items():
+            if name not in INPUT_DIMS:
+                raise ValueError(f"unknown advantage input {name!r}; known: {sorted(INPUT_DIMS)}")
             if value is None:
                 continue
-            dims = 1 if name == "scores" else 2
-            extra[name] = _as_float(value, name, dims=dims).to(values.device)
+            extra[name] = _as_float(value, name, dims=INPUT_DIMS[name]).to(values.device)
             if extra[name].shape[0] != values.numel():
                 raise ValueError(f"{name} has {extra[name].shape[0]} rows for {values.numel()} rewards")
-        shapes = {tuple(extra[k].shape) for k in ("token_rewards", "values", "response_mask") if k in extra}
+        shapes = {tuple(v.shape) for k, v in extra.items() if INPUT_DIMS[k] == 2}
         if len(shapes) > 1:
             raise ValueError(f"token-level inputs disagree in shape: {sorted(shapes)}")
-        return cls(values, group_index, **extra)
+        own = {f.name for f in fields(cls)}
+        return cls(values, group_index, **{k: v for k, v in extra.items() if k in own},
+                   extra={k: v for k, v in extra.items() if k not in own})
 
 
-def register_advantage(name: str, requires: Sequence[str] = ()) -> Callable[[AdvantageFn], AdvantageFn]:
+def register_input(name: str, dims: int) -> None:
+    """Declare a new optional estimator input (its provider does, rl_factory/providers.py): [N] (`dims=1`)
+    or [N, T] (`dims=2`). Estimators read it as `inputs.<name>`; declaring a known name again is a no-op."""
+    if dims not in (1, 2):
+        raise ValueError(f"advantage input {name!r}: dims must be 1 or 2, got {dims}")
+    if name in {f.name for f in fields(AdvantageInputs)} - set(INPUT_DIMS) or INPUT_DIMS.get(name, dims) != dims:
+        raise ValueError(f"advantage input {name!r} is already declared otherwise")
+    INPUT_DIMS[name] = dims
+
+
+def register_advantage(name: str, requires: Sequence[str] = (), uses: Sequence[str] = ()
+                       ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator adding an estimator to `ADVANTAGES` under `name`; a taken name is an error.
 
     Args:
         name: registry key.
-        requires: optional `AdvantageInputs` fields the estimator cannot work without.
+        requires: optional inputs (`INPUT_DIMS`) the estimator cannot work without.
+        uses: optional inputs it reads when they are given (the trainer fills them when a provider can).
     """
-    known = {f.name for f in fields(AdvantageInputs)}
-    unknown = sorted(set(requires) - known)
+    unknown = sorted((set(requires) | set(uses)) - set(INPUT_DIMS))
     if unknown:
-        raise ValueError(f"advantage {name!r} requires unknown inputs {unknown}; known: {sorted(known)}")
+        raise ValueError(f"advantage {name!r} requires unknown inputs {unknown}; known: {sorted(INPUT_DIMS)} "
+                         "(a new input is declared with register_input, by its provider)")
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         ADVANTAGES.register(name)(fn)
         REQUIRED_INPUTS[name] = tuple(requires)
+        USED_INPUTS[name] = tuple(uses)
         return fn
 
     return decorator
@@ -127,6 +160,20 @@ def required_inputs(name: str) -> tuple[str, ...]:
     """The optional `AdvantageInputs` fields estimator `name` needs (KeyError for unknown names)."""
     get_advantage(name)
     return REQUIRED_INPUTS[name]
+
+
+def wanted_inputs(name: str) -> tuple[str, ...]:
+    """The inputs to fill for estimator `name`: what it requires, then what it uses when given."""
+    get_advantage(name)
+    return REQUIRED_INPUTS[name] + tuple(k for k in USED_INPUTS.get(name, ()) if k not in REQUIRED_INPUTS[name])
+
+
+def estimate_with_targets(name: str, inputs: AdvantageInputs, **options: Any
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages, the critic's targets) for an estimator in `VALUE_TARGETS`, else (`estimate(...)`, None)."""
+    if name in VALUE_TARGETS:
+        return VALUE_TARGETS[name](inputs, **options)
+    return estimate(name, inputs, **options), None
 
 
 def estimate(name: str, inputs: AdvantageInputs, **options: Any) -> torch.Tensor:
@@ -322,47 +369,4 @@ def compute_arena_advantage(inputs: AdvantageInputs, epsilon: float = 1e-6) -> t
     return group_zscore(inputs.scores, inputs.group_index, norm_by_std=True, epsilon=epsilon)
 
 
-@register_advantage("gae", requires=("values", "response_mask"))
-def compute_gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
-                          whiten_advantages: bool = True) -> torch.Tensor:
-    """Generalized advantage estimation over the masked (generated) tokens.
-
-    Args:
-        inputs: values [N, T], response_mask [N, T], and token_rewards [N, T] (default: each
-            trajectory's reward on its last masked token).
-        gamma: discount per generated token.
-        lam: GAE lambda.
-        whiten_advantages: whiten over all masked tokens of the batch (verl does).
-
-    Returns:
-        [N, T] advantages, 0 on masked-out positions. The critic's targets are the unwhitened
-        advantages plus `values`.
-    """
-    mask, values = inputs.response_mask, inputs.values
-    token_rewards = inputs.token_rewards
-    if token_rewards is None:
-        token_rewards = outcome_token_rewards(inputs.rewards, mask)
-    next_value = torch.zeros_like(values[:, 0])  # [N]
-    running = torch.zeros_like(values[:, 0])  # [N]
-    advantages = torch.zeros_like(values)
-    for t in reversed(range(values.shape[1])):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        candidate = delta + gamma * lam * running
-        # A masked position (prompt, tool output, padding) neither ends nor extends the TD chain.
-        m = mask[:, t]
-        next_value = m * values[:, t] + (1 - m) * next_value
-        running = m * candidate + (1 - m) * running
-        advantages[:, t] = running
-    if whiten_advantages:
-        advantages = whiten(advantages, mask)
-    return advantages * mask
-
-
-def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[N, T] zeros with rewards [N] on each row's last masked token (rows without one get none)."""
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(-1).values  # [N]
-    token_rewards = torch.zeros_like(mask, dtype=rewards.dtype)
-    rows = (last >= 0).nonzero()[:, 0]
-    token_rewards[rows, last[rows]] = rewards[rows]
-    return token_rewards
+from rl_factory.algorithms import gae as _gae  # noqa: E402,F401  (registers `gae`; it imports this module)

@@ -4,8 +4,9 @@
     await pipeline.augment(batch)          # training views of every kept trajectory
 
 One round draws prompts from the `PromptSampler`, rolls out n trajectories per prompt (scored as each
-finishes), runs the filters, computes what the estimator normalizes (outcome rewards, or for `arena`
-the tournament, played among the survivors only) and runs the scored filters (`zero_variance`) on it.
+finishes), runs the filters, computes what the estimator normalizes (outcome rewards, or the group
+stage's scores: for `arena` the tournament, played among the survivors only) and runs the scored
+filters (`zero_variance`) on it.
 Without `rollout.dynamic_sampling.min_groups` there is one round of `data.train_batch_size` prompts.
 With it, rounds go on until `min_groups` groups survive or `max_rounds` rounds were drawn (then the
 step trains on what survived, logs `rollout/max_rounds_hit` and warns). Round k > 1 draws
@@ -106,19 +107,22 @@ class RolloutPipeline:
         params: sampling parameters of training rollouts.
         scorer: the run's one reward path (rewards.scorer): outcome and per-turn process rewards, scored as
             each trajectory finishes; its `outcome` is what the estimator sees.
-        arena: the tournament runner for `arena`, else None; `anchor_params` samples its greedy anchors.
+        group_stage: what scores each round's surviving groups for the estimator instead of the outcome
+            rewards (the tournament of `scores`, rl_factory/providers.py), else None:
+            `await group_stage(groups, step, extra_rollouts) -> (scores, metrics)`, where `extra_rollouts(groups)`
+            samples one more rollout per group's prompt with `anchor_params` (a greedy anchor).
         seed: the run's seed; round r of step s samples with a seed derived from (seed, s, r), so a
             prompt drawn again in a later round does not repeat its rollouts.
     """
 
     def __init__(self, cfg: PipelineConfig, *, agent: Agent, rows: list[dict], sampler: PromptSampler,
                  batch_size: int, group_size: int, params: SamplingParams, scorer: Scorer,
-                 arena: Any = None, anchor_params: SamplingParams | None = None,
+                 group_stage: Any = None, anchor_params: SamplingParams | None = None,
                  seed: int | None = None):
         self.cfg, self.agent, self.rows, self.sampler = cfg, agent, rows, sampler
         self.batch_size, self.group_size, self.params = batch_size, group_size, params
         self.scorer = scorer
-        self.arena, self.anchor_params = arena, anchor_params
+        self.group_stage, self.anchor_params = group_stage, anchor_params
         self.seed = seed  # each round's sampling seed derives from it (same seed, same run)
         self.filters = build_filters(cfg.filters)
         self.augmenters = build_augmenters(cfg.augment)
@@ -156,7 +160,7 @@ class RolloutPipeline:
             if len(groups) < target:
                 log.warning("step %d: dynamic sampling drew %d prompts in %d rounds (max_rounds) and kept %d of the "
                             "%d groups asked for; training on those", step, drawn, len(rounds), len(groups), target)
-        return Batch(groups, trajs, scores if self.arena is not None else None, metrics)
+        return Batch(groups, trajs, scores if self.group_stage is not None else None, metrics)
 
     async def augment(self, batch: Batch) -> dict[str, float]:
         """Replace the kept trajectories' training samples by the augmenters' views (none: no change)."""
@@ -191,7 +195,7 @@ class RolloutPipeline:
 
     async def _filter(self, groups: list[Group], step: int, dropped: dict[str, int]
                       ) -> tuple[list[Group], list[float], dict[str, float]]:
-        """The survivors of every filter, their estimator inputs, and the tournament's metrics (arena)."""
+        """The survivors of every filter, their estimator inputs, and the group stage's metrics (arena's)."""
         # A trajectory whose episode failed never ran: it leaves its group before any filter, like a
         # dropped one (the group's statistics are its survivors').
         groups = [Group(g.sample_index, kept) for g in groups
@@ -200,19 +204,15 @@ class RolloutPipeline:
                                    lambda kept: self._estimator_inputs(kept, step), dropped)
 
     async def _estimator_inputs(self, groups: list[Group], step: int) -> tuple[list[float], dict[str, float]]:
-        """Per kept trajectory: the outcome reward the estimator sees, or (arena) its tournament score."""
-        if self.arena is None:
+        """Per kept trajectory: the outcome reward the estimator sees, or the group stage's score (arena's)."""
+        if self.group_stage is None:
             return [self.scorer.outcome(t) for g in groups for t in g.trajectories], {}
-        if not groups:
-            return [], {}
-        t0 = time.perf_counter()
-        anchors = None
-        if self.arena.needs_greedy_anchor:  # one extra greedy rollout per prompt
-            samples = [g.trajectories[0].sample for g in groups]
-            anchors = await self.agent.rollout_groups(samples, [g.sample_index for g in groups], 1,
-                                                      self.anchor_params)
-        scores, metrics = await self.arena.score_groups(groups, step, anchors)
-        return scores, {**metrics, "timing/arena_s": time.perf_counter() - t0}
+        return await self.group_stage(groups, step, self._extra_rollouts)
+
+    async def _extra_rollouts(self, groups: list[Group]) -> list[Group]:
+        """One more rollout per group's prompt with `anchor_params` (greedy by default)."""
+        samples = [g.trajectories[0].sample for g in groups]
+        return await self.agent.rollout_groups(samples, [g.sample_index for g in groups], 1, self.anchor_params)
 
 
 def merge_rounds(rounds: list[tuple[int, dict[str, float]]]) -> dict[str, float]:

@@ -3,6 +3,7 @@
 tool/* counters, and a resumed run's metrics.jsonl: each step once, whatever the kill interrupted.
 """
 import json
+import re
 
 import pytest
 
@@ -169,3 +170,92 @@ def test_verl_rollouts_are_scrubbed_and_survive_text_that_is_not_unicode(tmp_pat
     kept = [json.loads(x) for x in text.splitlines()]
     # written as the JSON escape \udce9, so it reads back as the same string: nothing lost
     assert [r["session"] for r in kept] == [0, 1] and kept[0]["final_text"] == "caf\udce9"
+
+
+# ---- a run directory belongs to one run: the embedded trainer's check, on verl ----
+
+def _verl_config(run, *overrides):
+    from rl_factory.config import load_config
+
+    # a model path that does not exist: every test here stops before a model is read (tuning only warns)
+    return load_config("grpo", ["trainer.backend=verl", f"trainer.output_dir={run}", "model.path=/nonexistent/model",
+                                *overrides])
+
+
+def _a_finished_run(run, ours):
+    """What a verl run leaves that says whose directory it is: run.json and a logged step."""
+    from rl_factory.config import redacted
+    from rl_factory.fingerprint import run_view
+    from rl_factory.run import RUN_FILE
+
+    run.mkdir(parents=True)
+    (run / RUN_FILE).write_text(json.dumps({"run_id": "0123abcd4567", "view": run_view(redacted(ours))}))
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    return sorted(p.name for p in run.iterdir())
+
+
+def test_verl_refuses_a_directory_of_another_config_with_the_embedded_message(tmp_path):
+    pytest.importorskip("verl")
+    from rl_factory.backends.verl.launcher import train
+    from rl_factory.config import ConfigError
+    from rl_factory.run import RunDir
+
+    run = tmp_path / "run"
+    before = _a_finished_run(run, _verl_config(run))
+    other = _verl_config(run, "optim.lr=1e-5")
+    with pytest.raises(ConfigError) as verl_refusal:
+        train(other, [])
+    with pytest.raises(ConfigError) as embedded_refusal:
+        RunDir(run).resume_point(other, "auto", 40)  # the embedded trainer's first call
+    assert str(verl_refusal.value) == str(embedded_refusal.value)
+    assert re.search(r"run holds run 0123abcd4567 with another config \(optim.lr [\d.e-]+ -> 1e-05\); to keep it",
+                     str(verl_refusal.value))
+    assert sorted(p.name for p in run.iterdir()) == before  # no verl_data/, no config.yaml
+    with pytest.raises(ConfigError, match=r"-> 1e-05, verl_overrides \(unset\) -> \[\"actor_rollout_ref"):  # raw keys too
+        train(other, ["actor_rollout_ref.actor.use_dynamic_bsz=false"])
+
+
+@pytest.mark.parametrize("resume, where", [("auto", "run"), ("never", "run-2"), ("force", "run")])
+def test_verl_continues_its_own_directory_and_never_moves_to_a_fresh_one(tmp_path, resume, where):
+    pytest.importorskip("verl")
+    import torch
+
+    from rl_factory.backends.verl.launcher import train
+    from rl_factory.config import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the run would start")
+    run = tmp_path / "run"
+    changed = () if resume == "auto" else ("optim.lr=1e-5",)  # never / force: even with another config
+    before = _a_finished_run(run, _verl_config(run))
+    with pytest.raises(ConfigError, match="CUDA device"):  # past the claim and verl's validation: the GPU check
+        train(_verl_config(run, f"trainer.resume={resume}", *changed), [])
+    assert (tmp_path / where / "verl_data" / "train.parquet").is_file()
+    if where != "run":
+        assert sorted(p.name for p in run.iterdir()) == before  # the other run's directory is untouched
+
+
+def test_nothing_is_written_before_verl_validates_the_config(tmp_path):
+    pytest.importorskip("verl")
+    from rl_factory.backends.verl.launcher import train
+    from rl_factory.config import ConfigError
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match="verl rejected the config: real_train_batch_size"):
+        train(_verl_config(run, "data.train_batch_size=3", "rollout.n=3"), ["actor_rollout_ref.actor.use_dynamic_bsz=false"])
+    assert not run.exists()  # neither verl_data/ nor config.yaml
+
+
+def test_the_verl_launchers_run_json_is_what_the_next_claim_reads(tmp_path):
+    from rl_factory.backends.verl.launcher import claim_run_dir
+    from rl_factory.config import ConfigError
+    from rl_factory.run import RUN_FILE
+
+    run = tmp_path / "run"
+    first = claim_run_dir(_verl_config(run), ["trainer.n_gpus_per_node=2"])
+    first.record()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    again = claim_run_dir(_verl_config(run), ["trainer.n_gpus_per_node=2"])
+    assert again.run_id == first.run_id == json.loads((run / RUN_FILE).read_text())["run_id"]
+    with pytest.raises(ConfigError, match=r"verl_overrides \[\"trainer.n_gpus_per_node=2\"\] -> \(unset\)"):
+        claim_run_dir(_verl_config(run), [])

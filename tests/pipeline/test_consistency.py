@@ -11,10 +11,12 @@ import math
 import pytest
 
 from rl_factory.algorithms.advantages import assign_advantages
-from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
+from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.config import ConfigError
-from rl_factory.critic import assign_gae
+from rl_factory.critic import assign_with_critic
 from rl_factory.pipeline import PipelineConfig, check_pipeline
+from rl_factory.providers import ProviderContext, build_providers
+from rl_factory.update import AlgorithmConfig
 from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 from tests.pipeline.test_filters import LONG_RIGHT, make_pipeline, row
@@ -74,9 +76,10 @@ async def test_reinforce_pp_whitens_over_the_kept_trajectories_only(make_agent):
 async def test_arena_plays_among_the_survivors(make_agent):
     agent, _ = make_agent(PLANS, max_response_tokens=40)
     reward = build_scorer(RewardConfig())
-    async with GroupArena(ArenaConfig(topology="round_robin"), reward) as arena:
+    alg = AlgorithmConfig(advantage="arena", arena=ArenaConfig(topology="round_robin"))
+    async with build_providers(ProviderContext(alg, reward)) as providers:  # the trainer's tournament
         pipeline = make_pipeline(agent, [row(Q1, "10063")], n=4, filters=["truncated"])
-        pipeline.arena = arena
+        pipeline.group_stage = providers.group_stage
         batch = await pipeline.collect(step=1)
     assert batch.metrics["arena/judge_calls"] == 3.0  # C(3, 2) among the survivors, not C(4, 2)
     assert len(batch.scores) == 3
@@ -87,7 +90,7 @@ async def test_arena_plays_among_the_survivors(make_agent):
 
 async def test_gae_whitens_over_the_kept_tokens_and_refuses_zero_variance(batch):
     kept = batch.kept
-    assign_gae(kept, [[0.0] * len(t.token_ids) for t in kept])
+    assign_with_critic("gae", kept, [[0.0] * len(t.token_ids) for t in kept])
     total = sum(a for t in kept for a, m in zip(t.token_advantages, t.loss_mask) if m)
     assert abs(total) < 1e-6  # whitened to mean 0 over the survivors' tokens
     assert batch.trajectories[3].token_advantages is None
@@ -100,4 +103,4 @@ async def test_a_step_whose_every_trajectory_was_dropped_trains_nothing(make_age
     batch = await make_pipeline(agent, [row(Q1, "10063")], n=2, filters=["zero_variance"]).collect(step=1)
     assert batch.groups == [] and batch.kept == [] and len(batch.trajectories) == 2
     assert assign_advantages("grpo", batch.groups).numel() == 0  # what the trainer then calls
-    assert assign_gae(batch.kept, []) == {}
+    assert assign_with_critic("gae", batch.kept, []) == {}

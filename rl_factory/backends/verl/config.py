@@ -130,7 +130,7 @@ def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) ->
 
 
 def _resume(resume: str) -> dict[str, Any]:
-    if resume == "auto":
+    if resume in ("auto", "force"):  # force: RunDir.claim let a changed config continue the directory's run
         return {"trainer.resume_mode": "auto"}
     if resume in ("never", "false", "False", None):
         return {"trainer.resume_mode": "disable"}
@@ -171,7 +171,7 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
     log.info("verl: %s", old_log_probs.apply(cfg, ours.algorithm.old_log_probs, given))
     if cfg.actor_rollout_ref.model.override_config.get("attn_implementation") == "rl_factory_varlen":
         _add_external_lib(cfg, "actor_rollout_ref.model", given)
-        if cfg.algorithm.adv_estimator == "gae":
+        if _critic(cfg):
             _add_external_lib(cfg, "critic.model", given)
     with open_dict(cfg):  # our whole config as given, for the workers (each parses it once)
         cfg.rl_factory = OmegaConf.create(ours.composed)
@@ -197,12 +197,23 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
     try:
         return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
                     longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
-                    lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=cfg.algorithm.adv_estimator == "gae",
+                    lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
                     else 0)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _critic(cfg: DictConfig) -> bool:
+    """Whether verl builds a critic model for this config (its own predicate: the estimator verl runs needs one)."""
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():  # it warns whenever the answer is no
+        warnings.simplefilter("ignore")
+        return need_critic(cfg)
 
 
 def rollout_replicas(cfg: DictConfig) -> int:

@@ -2,9 +2,12 @@
 
 Steps, in the order a user sees their errors: our plugin must be in verl's registries (else the
 estimator names would fail deep inside a Ray actor); the combination must be one verl can run (the
-capability table, supported.py); the verl config is composed (`--cfg job` prints it here, before any file
-is written or Ray starts); our data is converted to verl's Parquet layout in `<output_dir>/verl_data/`; verl's own
-`validate_config` runs; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
+capability table, supported.py); the run directory must be this run's (`RunDir.claim`, the embedded
+trainer's check and message: a directory written under another config is refused, `trainer.resume=never`
+moves to a fresh sibling); the verl config is composed (`--cfg job` prints it here, before any file is
+written or Ray starts); verl's own `validate_config` runs; only then is anything written: our data in
+verl's Parquet layout in `<output_dir>/verl_data/`, and after the GPU and install checks `config.yaml` and
+`run.json`; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
 fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
 Our config is parsed once here (`rl_factory.config.parse`) and the steps get its slices. Paths in it are
@@ -51,6 +54,11 @@ def check_plugin(advantage: str, policy_loss: str) -> None:
 
     if plugin.REGISTRATION_ERROR:
         raise ConfigError(f"rl_factory's verl plugin failed to register:\n{plugin.REGISTRATION_ERROR}")
+    from rl_factory.algorithms.advantages import ADVANTAGES, required_inputs
+
+    if advantage in ADVANTAGES and advantage not in core_algos.ADV_ESTIMATOR_REGISTRY and not plugin.verl_fills(advantage):
+        raise ConfigError(f"algorithm.advantage: {advantage!r} requires {list(required_inputs(advantage))}, which verl's "
+                          f"estimator call cannot give (it gives rewards, group ids and {', '.join(plugin.VERL_INPUTS)})")
     if advantage not in core_algos.ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.advantage: {advantage!r} is not in verl's estimator registry "
                           f"(known: {sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}); is rl_factory installed with "
@@ -113,6 +121,10 @@ def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_onl
     ours = ours if isinstance(ours, RunConfig) else parse(ours)
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
     check_training(ours)  # the table with our keys, before a builtin model is built; with verl's after composing
+    run_dir = None
+    if print_only is None:  # the run directory is this run's, or the run stops here (reads only)
+        run_dir = claim_run_dir(ours, list(raw_overrides))
+        ours = _with_output_dir(ours, run_dir.path)
     ours = absolute(ours)
     out_dir = Path(ours.trainer.output_dir)
     files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
@@ -121,15 +133,39 @@ def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_onl
     if print_only is not None:
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}
+    return run(cfg, run_dir)
+
+
+def claim_run_dir(ours: RunConfig, raw_overrides: list[str]) -> Any:
+    """`trainer.output_dir` checked as the embedded trainer checks it (rl_factory/run.py `RunDir.claim`): the
+    config's fingerprint is ours plus the raw verl keys given; verl resumes from its own checkpoints."""
+    from rl_factory.run import RunDir
+
+    run_dir = RunDir(Path(ours.trainer.output_dir))
+    view = redacted(ours.composed)
+    if raw_overrides:
+        view["verl_overrides"] = list(raw_overrides)
+    run_dir.claim(view, ours.trainer.resume)
+    return run_dir
+
+
+def _with_output_dir(ours: RunConfig, path: Path) -> RunConfig:
+    if Path(ours.trainer.output_dir) == path:
+        return ours
+    return ours.with_values({"trainer.output_dir": str(path)})
+
+
+def write_data(ours: RunConfig | DictConfig, out_dir: Path) -> None:
+    """Our data in verl's Parquet layout, `<output_dir>/verl_data/`, each row's reward columns checked."""
     from rl_factory.backends.verl.data import convert
     from rewards.scorer import build_scorer
 
+    ours = ours if isinstance(ours, RunConfig) else parse(ours)
     scorer = build_scorer(ours.reward)  # what the reward workers will load
     try:
         convert(ours.data, out_dir / "verl_data", reward=scorer)
     finally:
         scorer.close()
-    return run(cfg)
 
 
 def check_gpus(cfg: DictConfig) -> None:
@@ -190,8 +226,9 @@ def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
     return fetch.task_runner(verls) if fetch.mode(cfg) == "needed" else verls
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """verl's own checks, then its trainer (mirrors verl.trainer.main_ppo.main)."""
+def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
+    """verl's own checks, then the first writes (data, config.yaml, `run_dir`'s run.json), then its trainer
+    (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -202,12 +239,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except (AssertionError, ValueError) as exc:
         raise ConfigError(f"verl rejected the config: {exc}") from None
+    out_dir = Path(cfg.rl_factory.trainer.output_dir)
+    write_data(cfg.rl_factory, out_dir)
     check_gpus(cfg)
     check_rollout_engine(cfg)
     check_trl()
     runner = task_runner_class(cfg, TaskRunnerV1)
-    out_dir = Path(cfg.rl_factory.trainer.output_dir)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
+    if run_dir is not None:
+        run_dir.record()  # run.json: whose directory this is, for the next run's claim
     log.info("verl backend: run directory %s", out_dir)
     run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config
     from rl_factory.run import RunDir

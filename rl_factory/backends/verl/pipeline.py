@@ -42,7 +42,7 @@ from rl_factory import capabilities
 from rl_factory.algorithms.advantages import REQUIRED_INPUTS
 from rl_factory.backends.verl import supported
 from rl_factory.backends.verl.group import ArenaGroups, _Pending
-from rl_factory.backends.verl.plugin import registered_name
+from rl_factory.backends.verl.plugin import registered_name, verl_fills
 from rl_factory.backends.verl.records import RECORD_KEY, to_record
 from rl_factory.backends.verl.reward import compute_score
 from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
@@ -72,8 +72,9 @@ def pipeline_values(ours: RunConfig) -> dict[str, Any]:
     # where a session has several outputs (it alone broadcasts their advantage).
     multi_output = roll.augment or roll.context == "step"
     drops = roll.filters or (episodic(ours) and not multi_output)
-    if drops and ours.algorithm.advantage in ("grpo", "rloo"):
-        values["algorithm.adv_estimator"] = registered_name(ours.algorithm.advantage)
+    advantage = ours.algorithm.advantage
+    if drops and registered_name(advantage) != advantage and verl_fills(advantage):  # ours under verl's name
+        values["algorithm.adv_estimator"] = registered_name(advantage)
     if roll.dynamic_sampling.min_groups is not None:
         values.update({
             "trainer.v1.sampler.custom_sampler.path": _sampler_path(),

@@ -8,10 +8,12 @@ here is logged at ERROR with its traceback and kept in `REGISTRATION_ERROR`, and
 to start when our names are missing.
 
 Registered estimators (verl's call: `fn(token_level_rewards, response_mask, index, config) ->
-(advantages, returns)`): every outcome estimator of `rl_factory.algorithms.advantages` under its own
-name (`arena`, `dr_grpo`, `reinforce_pp`), or as `rl_factory_<name>` where verl already owns the
-name (`grpo`, `rloo`; verl's are identical to ours to 1e-6, tests/algorithms/test_advantages.py).
-`gae` stays verl's own: it needs the critic's values, which verl passes only to its built-in GAE.
+(advantages, returns)`): every estimator of `rl_factory.algorithms.advantages` whose required inputs
+verl's call can fill (`VERL_INPUTS`: the response mask, and tournament scores, which the agent loop's
+group stage puts where the rewards are), under its own name (`arena`, `dr_grpo`, `reinforce_pp`), or
+as `rl_factory_<name>` where verl already owns the name (`grpo`, `rloo`; verl's are identical to ours to
+1e-6, tests/algorithms/test_advantages.py). One that requires more (`gae`: the critic's values, which
+verl passes only to its built-in GAE) is left to verl's own estimator of that name, or is not on verl.
 Estimator options that verl's `algorithm` config cannot hold arrive as JSON in the environment
 variable `RL_FACTORY_ADVANTAGE_OPTIONS` (the launcher puts it in Ray's runtime_env, so every node
 sees it).
@@ -47,8 +49,8 @@ REGISTERED_ESTIMATORS: list[str] = []
 REGISTERED_LOSSES: list[str] = []
 REGISTRATION_ERROR: str | None = None
 
-# The estimators that need more than rewards and group ids: they cannot run from verl's call.
-TOKEN_LEVEL = ("gae",)
+# The estimator inputs verl's call fills (beyond rewards and group ids); an estimator requiring others is not ours on verl.
+VERL_INPUTS = ("scores", "response_mask")
 # verl's loss_agg_mode names for ours (verl uses dashes).
 AGG_NAMES = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
              "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
@@ -61,6 +63,12 @@ def advantage_options() -> dict[str, Any]:
 
 def _outcome_estimator(name: str):
     """verl's estimator signature around our registry entry `name`."""
+
+    import inspect
+
+    from rl_factory.algorithms.advantages import get_advantage
+
+    takes_norm_by_std = "norm_by_std" in inspect.signature(get_advantage(name)).parameters
 
     def estimator(token_level_rewards, response_mask, index=None, config=None, **_: Any):
         import torch
@@ -79,7 +87,7 @@ def _outcome_estimator(name: str):
         # a tournament estimator (arena): the agent loop put tournament scores where the rewards are
         scores = rewards_live if "scores" in REQUIRED_INPUTS[name] else None
         options = dict(advantage_options())
-        if name == "grpo" and config is not None and "norm_by_std" not in options:
+        if takes_norm_by_std and config is not None and "norm_by_std" not in options:  # grpo: verl's own key for it
             options["norm_by_std"] = bool(config.get("norm_adv_by_std_in_grpo", True))
         inputs = AdvantageInputs.build(rewards_live, [group_ids[i] for i in rows], scores=scores,
                                        response_mask=response_mask.detach().cpu()[live])
@@ -126,6 +134,13 @@ def _policy_loss(name: str):
     return loss
 
 
+def verl_fills(name: str) -> bool:
+    """Whether verl's estimator call can fill every input our estimator `name` requires."""
+    from rl_factory.algorithms.advantages import required_inputs
+
+    return set(required_inputs(name)) <= set(VERL_INPUTS)
+
+
 def registered_name(name: str) -> str:
     """Where our estimator `name` lives in verl's registry."""
     return f"rl_factory_{name}" if name in VERL_OWNS else name
@@ -139,7 +154,7 @@ def register() -> None:
     from rl_factory.algorithms.losses import POLICY_LOSS_TERMS
 
     for name in sorted(ADVANTAGES):
-        if name in TOKEN_LEVEL:
+        if not verl_fills(name):
             continue
         key = registered_name(name)
         _check_free(core_algos.ADV_ESTIMATOR_REGISTRY, key, "an advantage estimator")
