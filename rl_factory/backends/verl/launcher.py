@@ -136,11 +136,12 @@ def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_onl
     return run(cfg, run_dir)
 
 
-def claim_run_dir(ours: RunConfig, raw_overrides: list[str]) -> Any:
+def claim_run_dir(ours: RunConfig | DictConfig, raw_overrides: list[str]) -> Any:
     """`trainer.output_dir` checked as the embedded trainer checks it (rl_factory/run.py `RunDir.claim`): the
     config's fingerprint is ours plus the raw verl keys given; verl resumes from its own checkpoints."""
     from rl_factory.run import RunDir
 
+    ours = ours if isinstance(ours, RunConfig) else parse(ours)
     run_dir = RunDir(Path(ours.trainer.output_dir))
     view = redacted(ours.composed)
     if raw_overrides:
