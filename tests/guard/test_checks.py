@@ -150,6 +150,12 @@ def test_files_are_fingerprinted_when_the_guard_starts(tmp_path):
     assert metrics["guard/reward_files/changed"] == 1 and metrics["guard/violations"] == 1
     finding = json.loads(next((tmp_path / "run" / "guard").glob("step_000002_reward_files/finding.json")).read_text())
     assert finding["action"] == "stop" and str(reward.resolve()) in finding["message"]
+    # the report's guard section lists it
+    from rl_factory.report import render_report
+
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.0}\n')
+    page = render_report([tmp_path / "run"])
+    assert 'id="guard-section"' in page and "reward_files" in page and "step_000002_reward_files" in page
     assert RewardFilesCheck(RewardFilesConfig(), {"start": {"x": "1"}}).evaluate(StepData(1, files={"x": "1"}))[1] is None
 
 
