@@ -77,11 +77,12 @@ class Guard:
         from rl_factory.guard import checks  # noqa: F401  (registers every check)
 
         self.cfg, self.run_dir, self.config = cfg, Path(run_dir), config
-        states = states or {}
+        self.files = FileWatch(watched_files(config))
+        # the files' fingerprints when the run starts (a change during the first step counts too)
+        states = {"reward_files": {"start": self.files.fingerprints()}, **(states or {})}
         self.checks = [CHECKS[name](getattr(cfg, name), states.get(name)) for name in CHECKS
                        if getattr(cfg, name).action != "off"]
         self.window: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, cfg.window))
-        self.files = FileWatch(watched_files(config))
         self.fingerprints: dict[str, str] = {}  # policy version -> the trainer's weight fingerprint
         self.stops: list[Finding] = []
 

@@ -164,3 +164,12 @@ def test_every_check_has_its_config_slice_and_off_removes_it(tmp_path):
     assert all(hasattr(cfg, name) for name in CHECKS)
     off = guard_config({"trainer": {"guard": {"tokens": {"action": "off"}}}})
     assert "tokens" not in [c.name for c in Guard(off, tmp_path, {}).checks]
+
+
+def test_guard_settings_do_not_make_another_run():
+    from rl_factory.fingerprint import fingerprint, run_view
+
+    base = {"trainer": {"backend": "embedded", "guard": {"tokens": {"action": "stop"}}}, "optim": {"lr": 1e-3}}
+    changed = {"trainer": {"backend": "embedded", "guard": {"tokens": {"action": "warn"}}}, "optim": {"lr": 1e-3}}
+    assert fingerprint(run_view(base)) == fingerprint(run_view(changed))
+    assert fingerprint(run_view(base)) != fingerprint(run_view({**base, "optim": {"lr": 1e-4}}))
