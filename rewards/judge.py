@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, ChatClient, JudgeError, fill_template, json_objects, load_template
-from rl_factory.guard import passes_through
+from rl_factory.usercode import passes_through
 from rl_factory.registry import Registry
 
 DEFAULT_PROMPT = """\

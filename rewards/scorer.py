@@ -32,7 +32,7 @@ from rewards.combine import ON_ERROR, Component, RewardConfig, build_components,
 from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
 from rewards.process import ProcessReward, turn_kwargs
-from rl_factory.guard import passes_through
+from rl_factory.usercode import passes_through
 from rl_factory.loop_local import LoopLocal
 from rl_factory.types import EPISODE_FAILED
 

@@ -6,7 +6,8 @@ paths among the overrides resolve against the directory the scripts were started
 (rl_factory.paths).
 Mistakes a user can make (a misspelled key, a missing file, a bad manifest, a reward that raises)
 end with exit code 2 and one line naming the problem; a traceback is printed only for what looks
-like a bug (set RL_FACTORY_DEBUG=1 to always see it).
+like a bug (set RL_FACTORY_DEBUG=1 to always see it). A run the run guard stops (a check whose action is
+`stop` fired: rl_factory/guard) ends with exit code 3 and the check's line.
 
 SIGTERM (a job scheduler, `kill`, a container stop) ends a run the way Ctrl-C does: the rollouts are
 cancelled, every episode closes (its servers stop, its directory is removed), the shared servers stop,
@@ -21,6 +22,7 @@ import signal
 import sys
 
 from rl_factory.errors import UserError
+from rl_factory.guard import EXIT_CODE as GUARD_EXIT_CODE, GuardStop
 
 # Mistakes in what the user gave: one line and exit 2. Every other exception is a bug and keeps its
 # traceback. FileNotFoundError: a path the user named (a run directory, a checkpoint, a data file).
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RL_FACTORY_DEBUG"):
             raise
         return print_user_error(exc)
+    except GuardStop as exc:  # a run-guard check with action `stop` fired (rl_factory/guard)
+        print(f"stopped by the run guard: {exc}", file=sys.stderr)
+        return GUARD_EXIT_CODE
     logging.getLogger("rl_factory").debug(json.dumps(summary, default=str))
     return 0
 

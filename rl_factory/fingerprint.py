@@ -2,7 +2,8 @@
 
 A run directory belongs to one run. `run.json` records its run id and the fingerprint of the config
 that made it: the resolved config (secrets redacted) without the keys a resumed run may change
-(`RESUMABLE_KEYS`: how long to train, how often to save, where to log, which device), plus the
+(`RESUMABLE_KEYS`: how long to train, how often to save, where to log, which device; the run guard's
+settings), plus the
 content hash of the tool manifest file, since the tools' schemas shape the prompt (and the vocabulary
 of the built-in model). A different fingerprint never resumes into the directory; `describe_diff`
 says in a few words what differs.
@@ -23,6 +24,8 @@ RESUMABLE_KEYS = frozenset({
     "trainer.report", "model.device", "model.num_threads", "reward.max_concurrency", "reward.executor",
     "rollout.max_batch_size", "rollout.engine_threads", "data.val_limit",
 })
+# ... and every key under these: the run guard watches the run, it does not change what is trained
+RESUMABLE_PREFIXES = ("trainer.guard.",)
 MANIFEST_KEY = "env.tools#sha256"  # the manifest file's content, next to its path
 
 
@@ -38,7 +41,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def run_view(config: Mapping[str, Any], base_dir: Path | None = None) -> dict[str, Any]:
     """The part of a (redacted, resolved) config that identifies a run, flattened to dotted keys."""
-    view = {k: v for k, v in flatten(config).items() if k not in RESUMABLE_KEYS}
+    view = {k: v for k, v in flatten(config).items() if k not in RESUMABLE_KEYS and not k.startswith(RESUMABLE_PREFIXES)}
     tools = view.get("env.tools")
     if isinstance(tools, str) and tools:
         path = Path(tools) if base_dir is None or Path(tools).is_absolute() else base_dir / tools

@@ -132,7 +132,7 @@ class Agent:
             ctx.add_generation(gen)
             text = fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             content, calls = self.parser.parse(text)
-            turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls)
+            turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls, receipt=gen.receipt)
             turns.append(turn)
             messages.append(_assistant_message(content, calls))
             if gen.finish_reason != "stop":

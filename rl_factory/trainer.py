@@ -36,6 +36,7 @@ from rl_factory.config import ConfigError, RunConfig, check_training, parse
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
+from rl_factory.guard import GuardConfig, build_guard
 from rl_factory.lora import is_lora, load_adapter
 from rl_factory.pipeline import RolloutPipeline
 from rl_factory.policy import load_policy
@@ -65,6 +66,7 @@ class TrainerConfig:
     save_rollouts: bool = True
     progress: bool = True
     report: bool = True
+    guard: GuardConfig = field(default_factory=GuardConfig)  # the run guard (rl_factory/guard)
 
 
 def train(cfg: RunConfig | DictConfig) -> dict[str, Any]:
@@ -133,6 +135,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                                    scorer=scorer, group_stage=providers.group_stage, anchor_params=val_params,
                                    seed=seed)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
+        guard = build_guard(cfg, run.path, step, policy=policy, agent=agent, scorer=scorer)
         providers.start(run.path, resume_step=step + 1 if step else 0)  # e.g. the tournament's rankings.csv
         if policy.device.type == "cpu":  # an update's peak memory, touched once now instead of in the steps
             warm_heap(update_peak_bytes(policy.model.config, optim_cfg.micro_batch_tokens
@@ -182,6 +185,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,
                            **env.metrics(), **agent.timing(), **_engine_metrics(agent.engine), **augment_metrics,
                            **input_metrics, "timing/update_s": t3 - t2}
+                metrics.update(await guard.after_step(step, trajs, metrics))  # guard/*: the run's invariants
                 if t_cfg.save_rollouts:  # dropped trajectories too, with the filter that dropped them
                     write_rollouts(run.path / "rollouts" / f"step_{step:06d}.jsonl", batch.trajectories)
                 last = step == t_cfg.total_steps
@@ -192,6 +196,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 # The step's own work: validation is logged beside it (timing/val_s), not inside it.
                 metrics["timing/step_s"] = time.perf_counter() - t0 - val_s
                 tracker.log(metrics, step=step)
+                guard.enforce()  # a `stop` check fired: GuardStop, exit code 3 (its bundle is in guard/)
                 progress.update(step, metrics)
                 if "val/accuracy" in metrics:  # report.html: at every validation and the end
                     run.write_report(t_cfg.report)

@@ -59,6 +59,8 @@ class Turn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     observation_ids: list[int] = field(default_factory=list)
+    # The engine's receipt for these ids (Generation.receipt): what the run guard compares the trained ids with
+    receipt: dict[str, Any] | None = None
 
 
 @dataclass

@@ -20,6 +20,10 @@ An optimizer step whose loss or gradient norm is not finite is skipped (its grad
 weights and the optimizer state untouched) and counted in `update/skipped_nonfinite`: one NaN
 gradient would otherwise make every weight NaN. `optim.max_nonfinite_steps` such steps in a row
 stop the run (`NonFiniteUpdates`, one line): the model is diverging, not hitting a stray batch.
+
+`actor/logprob_gap` is the mean |training - sampling| log-prob of the trained tokens before the update's
+first optimizer step (numerics alone: the weights that sampled), `actor/logprob_gap_stale` after it; the
+run guard's `logprob_gap` check watches both (rl_factory/guard).
 """
 from __future__ import annotations
 
@@ -284,6 +288,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     forward_tokens = 0  # padded tokens the update's forwards computed (packs count shared tokens once)
     policy.model.train()
     params = list(policy.model.parameters())
+    stepped = False  # an optimizer step was taken in this update: later forwards are off-policy
     for _ in range(optim.ppo_epochs):
         order = samples[:]
         rng.shuffle(order)
@@ -301,6 +306,10 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 logprobs, hidden = _logprobs(policy, b, packed, hidden=hidden_wanted)
                 forward_tokens += packed["input_ids"].numel() if packed else b["input_ids"].numel()
                 old = logprobs.detach() if own_old else b["old_logprobs"]
+                # the engine's log-probs against this forward's: numerics alone before the first optimizer
+                # step of the update (the weights that sampled), staleness too after it (the run guard's)
+                gap = "logprob_gap_stale" if stepped else "logprob_gap"
+                totals.setdefault(gap, []).append(_logprob_gap(logprobs, b["old_logprobs"], b["loss_mask"]))
                 loss, stats = loss_fn(logprobs, old, b["advantages"], b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
@@ -326,6 +335,7 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 totals.setdefault(key, []).append(norm)
             optimizer.step()
             scheduler.step()
+            stepped = True
     policy.model.eval()
     metrics = {(k if k.startswith("critic/") else f"actor/{k}"): sum(v) / len(v) for k, v in totals.items()}
     metrics["update/skipped_nonfinite"] = float(guard.skipped - skipped_before)
@@ -334,6 +344,12 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
     metrics["actor/forward_tokens"] = forward_tokens
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     return metrics
+
+
+def _logprob_gap(logprobs: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |log p_train - log p_sampled| over the trained tokens of a micro-batch."""
+    with torch.no_grad():
+        return float(((logprobs.detach() - sampled).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 def forward_batches(policy, trained: list[tuple[Any, Any]], optim: OptimConfig) -> Iterator[tuple[list, dict | None]]:

@@ -39,11 +39,14 @@ class Generation:
     `logprobs[i]` is log softmax(logits / temperature)[token_ids[i]] (temperature 1 when greedy):
     the same quantity the trainer recomputes, so PPO ratios start at 1 for on-policy data.
     `finish_reason` is "stop" (the eos token was generated and is included) or "length".
+    `receipt` is the engine's own account of the turn for the run guard (rl_factory/guard/evidence.py):
+    the digest of the ids it sampled, the policy version it last synced to and its weights' fingerprint.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    receipt: dict | None = None
 
 
 class Engine(Protocol):

@@ -44,6 +44,7 @@ from rl_factory.engines.base import Generation, SamplingParams, register_engine
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention, slot_bytes
 from rl_factory.engines.prefill import prefill_runs
 from rl_factory.engines.sampling import sample_rows, uniforms
+from rl_factory.guard.evidence import receipt
 from rl_factory.lora import trunk
 
 RAGGED_ATTENTION = "rl_factory_ragged"
@@ -133,6 +134,9 @@ class HFEngine:
         self.stats = {"batches": 0, "rows": 0, "prefill_tokens": 0, "reused_tokens": 0, "prefill_padded_tokens": 0,
                       "prefill_forwards": 0}
         self.max_rows = 0  # largest running batch seen (tests check that joins happen mid-decode)
+        # The run guard's receipt: the policy version this engine last synced to and its own weights' fingerprint
+        self.version: int | None = None
+        self.weights: str | None = None
         self.counters = {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -146,6 +150,13 @@ class HFEngine:
                 self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
                 self._thread.start()
         return await request.future
+
+    def sync(self, version: int) -> None:
+        """Take policy `version`: the weights are the trainer's own (shared), so this only stamps later turns
+        with the version and this engine's fingerprint of the weights it generates with (rl_factory/guard)."""
+        from rl_factory.guard.checks.receipts import weight_fingerprint
+
+        self.version, self.weights = version, weight_fingerprint(self.model)
 
     async def close(self) -> None:
         thread = self._thread
@@ -346,8 +357,10 @@ class _Batch:
                 self.prefixes.put(tuple(self.rows[i].prompt_ids + self.rows[i].ids), cache)
         if done:
             eos = set(stopped)
-            resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs,
-                                                   "stop" if i in eos else "length"), None) for i in done])
+            e = self.e
+            resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs, "stop" if i in eos else
+                                                   "length", receipt(self.rows[i].ids, e.version, e.weights)), None)
+                         for i in done])
             order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
             self.rows = [self.rows[i] for i in order]
             tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]

@@ -6,7 +6,7 @@
     write_report("outputs/calculator_grpo")          # -> outputs/calculator_grpo/report.html
 
 It reads only the run-directory contract (`metrics.jsonl`, `rollouts/*.jsonl`, `rankings.csv`,
-`matches.csv`, `config.yaml`, `run.json`; an evaluation directory's `results.json` and
+`matches.csv`, `config.yaml`, `run.json`, the run guard's `guard/*/finding.json`; an evaluation directory's `results.json` and
 `rollouts.jsonl`), so any backend that writes the contract gets the same report. The page embeds
 plotly.js (from the `plotly` package) and all its data: it opens offline, from disk, with no server.
 The embedded trainer writes `<run>/report.html` at every validation and at the end (`trainer.report`).
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.fingerprint import flatten
+from rl_factory.guard.bundle import findings as guard_findings
 from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.tracking import json_safe
 from rl_factory.report.data import RunData, load_run
@@ -81,6 +82,7 @@ def render_report(dirs: Sequence[Path], max_trajectories: int = DEFAULT_MAX_TRAJ
         "runs": [_run_summary(r) for r in runs],
         "config_diff": _config_diff(runs),
         "evals": [_eval_summary(r) for r in runs if r.eval_results],
+        "guard": [{**f, "run": r.name} for r in runs for f in guard_findings(r.path)],
         "figures": build_figures(runs),
         "trajectories": records,
         "total": total,

@@ -52,6 +52,7 @@ from rl_factory.config import parse
 from rl_factory.engines.base import Generation, SamplingParams
 from rl_factory.evaluate import trajectory_record
 from rl_factory.pipeline import build_augmenters
+from rl_factory.guard.evidence import receipt, trajectory_evidence
 from rl_factory.rollout import Agent, RolloutConfig
 from rl_factory.types import EPISODE_FAILED, Trajectory
 from rewards.scorer import build_scorer
@@ -96,7 +97,11 @@ class ServerEngine:
         logprobs = list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)
         # vLLM reports "completed" for both eos and length stops; the last token tells them apart.
         finish = "stop" if ids and ids[-1] in self.stop_ids and out.stop_reason != "aborted" else "length"
-        return Generation(ids, logprobs, finish)
+        # the run guard's receipt: the ids as the server returned them, and the weight version it generated
+        # with (verl's server sets global_steps when an update_weights lands; no weight fingerprint from vLLM)
+        fields = out.extra_fields or {}
+        version = fields.get("max_global_steps", fields.get("global_steps"))
+        return Generation(ids, logprobs, finish, receipt(ids, None if version is None else int(version), None))
 
     def _record(self, out: Any) -> None:
         if out.num_preempted is not None:
@@ -203,12 +208,13 @@ class RLFactoryAgentLoop(AgentLoopBase):
         # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it)
         spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
                  "tools_s": round(timing["timing/tools_s"], 4)}
+        evidence = trajectory_evidence(traj)  # the run guard's (rl_factory/guard), checked where verl logs the step
         if score is not None:  # verl skips its reward worker for this trajectory: its rollouts line is written here
-            write_part(state.output_dir, split, step,
-                       [{**trajectory_record(traj), "session": session, "score": score, "timing": spent}])
+            write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score,
+                                                        "timing": spent, "guard": evidence}])
         traj = await augmented(traj, state.augmenters, validate or failed)  # rollout.augment: one output per view
         outputs = to_outputs(traj, timing, score, self.rollout_config.response_length,
-                             record=to_record(traj, step, split, session, spent))
+                             record=to_record(traj, step, split, session, spent, guard=evidence))
         # rollout filters, failed episodes: a dropped trajectory trains no token
         return finish_outputs(outputs, traj, scored=score is not None)
 

@@ -227,6 +227,22 @@ def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
     return fetch.task_runner(verls) if fetch.mode(cfg) == "needed" else verls
 
 
+def guard_stop(exc: BaseException):
+    """The run guard's `GuardStop` inside an exception from verl's TaskRunner (Ray re-raises it as a
+    `RayTaskError` subclass of it, or chains it), else None."""
+    from rl_factory.guard import GuardStop
+
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    stops = [e for e in chain if isinstance(e, GuardStop)]
+    if not stops:
+        return None
+    text = str(stops[-1])  # the innermost: the guard's own line, not Ray's wrapper
+    return GuardStop(text[text.find("guard:"):] if "guard:" in text else text)
+
+
 def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
     """verl's own checks, then the first writes (data, config.yaml, `run_dir`'s run.json), then its trainer
     (mirrors verl.trainer.main_ppo.main)."""
@@ -250,7 +266,13 @@ def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
     if run_dir is not None:
         run_dir.record()  # run.json: whose directory this is, for the next run's claim
     log.info("verl backend: run directory %s", out_dir)
-    run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config
+    try:
+        run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config
+    except Exception as exc:  # the run guard stopped the TaskRunner: its line, exit code 3 (not a traceback)
+        stop = guard_stop(exc)
+        if stop is None:
+            raise
+        raise stop from None
     from rl_factory.run import RunDir
 
     RunDir(out_dir).write_report(bool(cfg.rl_factory.trainer.report))  # the final one, from the finished files

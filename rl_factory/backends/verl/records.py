@@ -19,9 +19,10 @@ RECORD_KEY = "rl_factory_trajectory"
 
 
 def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: int = 0,
-              timing: dict[str, float] | None = None) -> str:
+              timing: dict[str, float] | None = None, guard: dict[str, Any] | None = None) -> str:
     """The trajectory as JSON, with where it belongs in the run (global step, split, session) and, from
-    the agent loop, its `timing` (wall_s from the agent loop's start to its return, generate_s, tools_s)."""
+    the agent loop, its `timing` (wall_s from the agent loop's start to its return, generate_s, tools_s)
+    and the run guard's evidence (`guard`: rl_factory/guard/evidence.py)."""
     turns = [{
         "generated_ids": t.generated_ids, "text": t.text,
         "tool_calls": [dataclasses.asdict(c) for c in t.tool_calls],
@@ -32,6 +33,8 @@ def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: in
               "session": session, "prompt_tokens": len(traj.prompt_ids), "total_tokens": len(traj.token_ids)}
     if timing:
         record["timing"] = timing
+    if guard:
+        record["guard"] = guard
     return json.dumps(record, default=str)
 
 
@@ -59,6 +62,7 @@ def rollout_line(record: str | dict[str, Any], traj: Trajectory) -> dict[str, An
     line = trajectory_record(traj)
     line.update(session=meta.get("session", 0), prompt_tokens=meta.get("prompt_tokens", 0),
                 total_tokens=meta.get("total_tokens", 0))
-    if meta.get("timing"):
-        line["timing"] = meta["timing"]
+    for key in ("timing", "guard"):
+        if meta.get(key):
+            line[key] = meta[key]
     return line

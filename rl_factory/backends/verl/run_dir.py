@@ -14,7 +14,8 @@ comparisons and users' scripts read those. On verl the pieces of a step live in 
   (`val_step_N.jsonl` at validation steps), computes our metrics from them with the embedded
   backend's own `summarize_records`, maps verl's timing names onto ours, and appends one line to
   `metrics.jsonl`: our names plus every verl metric under its own name. After a validation step it
-  rewrites `report.html` (rl_factory/report), as the embedded trainer does.
+  rewrites `report.html` (rl_factory/report), as the embedded trainer does. The run guard checks the step
+  there too (rl_factory/guard/lines.py), on the evidence the agent loop put in each rollouts line.
 
 A resumed run (verl restored checkpoint k) keeps each step one line, as the embedded backend does.
 verl saves step k's checkpoint *before* it validates and logs step k, and (with val_before_train)
@@ -137,14 +138,22 @@ class RunDirLogger:
         self.jsonl = JsonlLogger(self.out_dir, None, self.resume)
         if self.resume is not None:
             self._recover(self.resume - 1)
+        from rl_factory.guard.lines import LineGuard
+
+        self.guard = LineGuard(ours, self.out_dir)  # the run guard, on the step's rollouts lines
+        self._train: list[dict[str, Any]] = []
 
     def log(self, data: dict[str, Any], step: int) -> None:
+        self._train = []
         line = {**self._ours(data, step)}
         line.update({k: v for k, v in data.items() if k not in line})
+        if self._train:
+            line.update(self.guard.after_step(step, line, self._train))
         if self.resume is not None and step < self.resume:
             self._merge(line, step)  # the resumed run's validation of the checkpoint it restored
         else:
             self.jsonl.log(line, step=step)
+        self.guard.enforce()  # a `stop` check fired: GuardStop ends verl's trainer (exit code 3)
         if any(key.startswith("val/") for key in line):  # as the embedded trainer: at every validation
             from rl_factory.run import RunDir
 
@@ -155,6 +164,7 @@ class RunDirLogger:
 
         metrics: dict[str, Any] = {}
         train = gather(self.out_dir, "train", step) if train is None else train
+        self._train = train
         if train:
             metrics.update(summarize_records(train, self.threshold))
             metrics.update(tool_counts(train))

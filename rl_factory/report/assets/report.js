@@ -56,6 +56,13 @@
     });
   }
 
+  // ---- run guard: every violation, with its bundle (python -m rl_factory.guard replay <bundle>) -----
+  if (D.guard && D.guard.length) {
+    document.getElementById("guard-section").hidden = false;
+    document.getElementById("guard").appendChild(table(["run", "step", "check", "action", "what it found", "bundle"],
+      D.guard.map(function (g) { return [g.run, g.step, g.check, g.action, g.message, g.bundle]; })));
+  }
+
   // ---- charts --------------------------------------------------------------------------------------
   var charts = document.getElementById("charts");
   if (!D.figures.length) charts.appendChild(el("p", {cls: "empty", text: "No metrics logged yet."}));
