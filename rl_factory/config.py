@@ -134,7 +134,7 @@ VALUE_RULES: dict[str, Range | OneOf] = {
     "optim.grad_clip": positive(), "optim.ppo_epochs": at_least(1), "optim.mini_batches": at_least(1),
     "optim.micro_batch_size": at_least(1), "optim.micro_batch_tokens": at_least(1, nullable=True),
     "trainer.total_steps": at_least(1), "trainer.eval_every": at_least(0), "trainer.save_every": at_least(0),
-    "trainer.keep_checkpoints": at_least(0),
+    "trainer.keep_checkpoints": at_least(0), "trainer.max_staleness": at_least(0),
     "eval.limit": at_least(1, nullable=True), "eval.n": at_least(1), "eval.temperature": at_least(0, float),
     "eval.top_p": Range(float, 0, 1, open_low=True), "eval.bootstrap": at_least(1),
 }

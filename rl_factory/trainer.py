@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import random
@@ -30,6 +31,7 @@ from omegaconf import DictConfig
 from rl_factory import capabilities
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
+from rl_factory.asynchrony import build_ahead
 from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
 from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
@@ -69,6 +71,11 @@ class TrainerConfig:
     save_rollouts: bool = True
     progress: bool = True
     report: bool = True
+    # Policy versions a rollout may run ahead of the update (0 = on-policy); rl_factory/asynchrony.py
+    max_staleness: int = 0
+    # With max_staleness > 0: new weights reach running trajectories between tokens (true) or only between
+    # trajectories (false)
+    partial_rollouts: bool = True
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -142,6 +149,9 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
         pipeline = RolloutPipeline(roll_cfg, agent=agent, rows=train_rows, sampler=sampler,
                                    batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
                                    scorer=scorer, arena=arena, anchor_params=val_params, seed=seed)
+        # trainer.max_staleness > 0: later steps' rollouts run while a step trains; None = on-policy
+        ahead = build_ahead(t_cfg.max_staleness, t_cfg.partial_rollouts, pipeline, sampler, agent, policy, step,
+                            t_cfg.total_steps)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         if arena is not None:
             arena.start(run.path, resume_step=step + 1 if step else 0)  # rankings.csv
@@ -160,7 +170,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
             return {f"val/{k}": v for k, v in metrics.items()}, time.perf_counter() - start
 
-        async with closing_engine(agent):
+        async with closing_engine(agent), ahead or contextlib.nullcontext():
             if step == 0:  # the "before" of the closing summary
                 history["first_val"], val_s = await validate(0)
                 tracker.log({**history["first_val"], "timing/val_s": val_s}, step=0)
@@ -176,7 +186,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 #      finishes, drop what should not train (rollout.filters); with rollout.dynamic_sampling,
                 #      more prompts until enough groups survive. For arena, each group's survivors play here.
                 #      Sampling is seeded per step and round (and per trajectory and turn inside).
-                batch = await pipeline.collect(step)
+                batch = await (ahead.batch(step) if ahead else pipeline.collect(step))
                 groups, trajs = batch.groups, batch.kept
                 # 4. Augment: the training samples of each kept trajectory (rollout.augment; default: itself).
                 augment_metrics = await pipeline.augment(batch)
@@ -191,9 +201,13 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                     assign_advantages(alg.advantage, groups, rewards=[scorer.outcome(t) for t in trajs],
                                       scores=batch.scores, **alg.advantage_options)
                 # 6. Policy update with the registered policy loss (plus the value loss with a critic).
-                with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
-                    actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model,
-                                          seed + step, value_head=value_head, guard=nonfinite)
+                update = functools.partial(update_policy, policy, optimizer, scheduler, trajs, alg, optim_cfg,
+                                           ref_model, seed + step, value_head=value_head, guard=nonfinite)
+                if ahead is not None:  # in a thread, then its weights go to the generator
+                    actor = {**await ahead.update(update, step), **ahead.metrics(trajs, step)}
+                else:
+                    with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
+                        actor = update()
                 t3 = time.perf_counter()
                 # 7. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,
@@ -215,7 +229,8 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
                 if last or (t_cfg.save_every and step % t_cfg.save_every == 0):
                     ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(), "history": history,
+                        "sampler": ahead.sampler_state(step) if ahead else sampler.state_dict(),
+                        "history": history,
                     }, keep=t_cfg.keep_checkpoints,
                         extra={VALUE_HEAD_FILE: value_head.state_dict()} if value_head is not None else None)
             progress.close()

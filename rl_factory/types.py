@@ -59,6 +59,8 @@ class Turn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     observation_ids: list[int] = field(default_factory=list)
+    # [(policy version, tokens), ...] over generated_ids: async training only (rl_factory/asynchrony.py)
+    version_spans: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -109,6 +111,19 @@ class Trajectory:
     dropped_by: str | None = None
     # What the environment (env.environment) kept: its `state` dict at the end; the reward's `state`.
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version_spans(self) -> list[tuple[int, int]]:
+        """[(policy version, generated tokens), ...] over all turns, adjacent runs of one version merged;
+        [] when the engine recorded none (on-policy training)."""
+        spans: list[tuple[int, int]] = []
+        for turn in self.turns:
+            for version, count in turn.version_spans or ():
+                if spans and spans[-1][0] == version:
+                    spans[-1] = (version, spans[-1][1] + count)
+                else:
+                    spans.append((version, count))
+        return spans
 
     def training_samples(self) -> list[Trajectory | Step]:
         """What the update trains on: the whole sequence, or each of its steps (step policy, augmenters)."""

@@ -44,6 +44,9 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # [(policy version, tokens), ...] in order: which weights sampled which tokens. Only an engine whose
+    # weights are swapped while it generates (async training, rl_factory/asynchrony.py) records it.
+    version_spans: list[tuple[int, int]] | None = None
 
 
 class Engine(Protocol):

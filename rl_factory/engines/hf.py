@@ -63,6 +63,20 @@ class _Request:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
+    version: int | None = None  # the policy version of the weights that prefilled it (None: not tracked)
+    switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, version) of each swap
+
+    def version_spans(self) -> list[tuple[int, int]] | None:
+        """[(version, tokens), ...] over the generated ids: which weights sampled which tokens."""
+        if self.version is None:
+            return None
+        spans, start, version = [], 0, self.version
+        for index, new in [*self.switches, (len(self.ids), None)]:
+            index = min(index, len(self.ids))
+            if index > start:
+                spans.append((version, index - start))
+            start, version = max(start, index), new
+        return spans
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         resolve_all([(self, result, error)])
@@ -134,6 +148,30 @@ class HFEngine:
                       "prefill_forwards": 0}
         self.max_rows = 0  # largest running batch seen (tests check that joins happen mid-decode)
         self.counters = {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
+        # Async training (rl_factory/asynchrony.py): the policy version of the weights, and a swap to new
+        # ones that the decode thread applies between two decode steps. None: weights never swapped here.
+        self.version: int | None = None
+        self._swap: tuple[int, Callable[[], None]] | None = None
+
+    def swap_weights(self, version: int, load: Callable[[], None]) -> None:
+        """Have the decode thread call `load()` (copy new weights into the model) between two decode steps,
+        and tag every token sampled from then on with `version`. Rows running at that moment keep their
+        cache and go on with the new weights (a partial rollout; each records the switch)."""
+        with self._lock:
+            self._swap = (version, load)
+
+    def _apply_swap(self, batch: _Batch) -> None:
+        with self._lock:
+            swap, self._swap = self._swap, None
+        if swap is None:
+            return
+        version, load = swap
+        with torch.no_grad():
+            load()
+        # the next token of a running row is sampled from logits the old weights computed
+        for req in batch.rows:
+            req.switches.append((len(req.ids) + 1, version))
+        self.version = version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         loop = asyncio.get_running_loop()
@@ -212,6 +250,10 @@ class HFEngine:
                 continue
             try:
                 start = time.perf_counter()
+                if self._swap is not None:
+                    self._apply_swap(batch)
+                for req in arrivals:
+                    req.version = self.version
                 with torch.no_grad(), self.autocast():
                     if arrivals:
                         batch.join(arrivals)
@@ -347,7 +389,8 @@ class _Batch:
         if done:
             eos = set(stopped)
             resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs,
-                                                   "stop" if i in eos else "length"), None) for i in done])
+                                                   "stop" if i in eos else "length", self.rows[i].version_spans()),
+                           None) for i in done])
             order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
             self.rows = [self.rows[i] for i in order]
             tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]
