@@ -33,6 +33,7 @@ from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.asynchrony import build_ahead
 from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
+from rl_factory.algorithms.correction import check_correction
 from rl_factory.algorithms.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
@@ -103,7 +104,7 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
     # Names, data and reward are checked first: a typo should fail before any server or model starts.
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), check_critic_type(alg.critic)
     check_pipeline(roll_cfg, alg.advantage, roll_cfg.context)  # filters, dynamic sampling, augmenters
-    check_supported(alg, roll_cfg, optim_cfg, reward_cfg)  # what the embedded backend cannot train
+    check_supported(alg, roll_cfg, optim_cfg, reward_cfg, t_cfg)  # what the embedded backend cannot train
     # The one reward path: reward.function(s) with weights, per-turn process rewards, executor, timeout, on_error.
     scorer = build_scorer(reward_cfg)
     use_critic = _needs_critic(alg)  # gae: a value head trained alongside the policy
@@ -240,9 +241,11 @@ async def _train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_supported(alg: AlgorithmConfig, roll_cfg: SamplingConfig, optim_cfg: OptimConfig,
-                    reward_cfg: RewardConfig) -> None:
+                    reward_cfg: RewardConfig, t_cfg: TrainerConfig | None = None) -> None:
     """Refuse up front, with the capability table's one line, what the embedded backend cannot train."""
-    capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg))
+    check_correction(alg.correction)
+    capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg,
+                                                      trainer=t_cfg))
 
 
 def _build_arena(alg: AlgorithmConfig, scorer) -> GroupArena | None:
