@@ -240,7 +240,8 @@ LIMITS: tuple[Limit, ...] = (
           "its weights divide by the behaviour policy pi_old, which the embedded update has (its own log-probs "
           "before the step) only for one optimizer step per batch", "set optim.ppo_epochs=1 and optim.mini_batches=1",
           when=(When(OPTIMIZER_STEPS, (1,), negate=True),)),
-    Limit(When("algorithm.correction.type", ("tis", "mis")), BOTH,
+    # (on verl the same combination is refused by the rollout-correction limit above: the correction is verl's)
+    Limit(When("algorithm.correction.type", ("tis", "mis")), ("embedded",),
           "the correction weights pi_old / pi_behaviour need pi_old, and rollout takes the PPO ratio against the "
           "behaviour policy itself", "use algorithm.old_log_probs=auto", when=(When("algorithm.old_log_probs", ("rollout",)),)),
     Limit(When("algorithm.old_log_probs", ("update",)), BOTH,

@@ -68,7 +68,6 @@ def test_bad_settings_are_one_line_errors():
 @pytest.mark.parametrize("backend, facts, refused", [
     ("embedded", {"algorithm.correction.type": "tis", capabilities.OPTIMIZER_STEPS: 2}, "optim.ppo_epochs=1"),
     ("embedded", {"algorithm.correction.type": "mis", "algorithm.old_log_probs": "rollout"}, "old_log_probs=auto"),
-    ("verl", {"algorithm.correction.type": "tis", "algorithm.old_log_probs": "rollout"}, "old_log_probs=auto"),
     ("embedded", {"algorithm.old_log_probs": "update", "trainer.max_staleness": 2,
                   "algorithm.correction.type": "none"}, "would train as if"),
     ("verl", {"trainer.partial_rollouts": False, "trainer.max_staleness": 1}, "partial rollouts always"),
