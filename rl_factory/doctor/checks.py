@@ -70,10 +70,11 @@ def _check_supported(cfg, alg, s) -> None:
         check_verl(cfg)
         return
     from rl_factory.config import section
-    from rl_factory.trainer import check_supported
+    from rl_factory.trainer import TrainerConfig, check_supported
     from rl_factory.update import OptimConfig
 
-    check_supported(alg, s["rollout"], section(cfg, "optim", OptimConfig), s["reward_cfg"])
+    check_supported(alg, s["rollout"], section(cfg, "optim", OptimConfig), s["reward_cfg"],
+                    section(cfg, "trainer", TrainerConfig))
 
 
 @check("run directory", needs=("trainer",))

@@ -49,6 +49,20 @@ class Generation:
     version_spans: list[tuple[int, int]] | None = None
 
 
+def version_spans(version: int | None, switches: list[tuple[int, int]], n: int) -> list[tuple[int, int]] | None:
+    """[(version, tokens), ...] over `n` generated tokens that started under `version` and switched to the
+    version of each (token index, version) of `switches`; None when versions are not tracked."""
+    if version is None:
+        return None
+    spans, start = [], 0
+    for index, new in [*switches, (n, None)]:
+        index = min(index, n)
+        if index > start:
+            spans.append((version, index - start))
+        start, version = max(start, index), new
+    return spans
+
+
 class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 

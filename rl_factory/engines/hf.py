@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 from transformers import AttentionInterface
 
-from rl_factory.engines.base import Generation, SamplingParams, register_engine
+from rl_factory.engines.base import Generation, SamplingParams, register_engine, version_spans
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention, slot_bytes
 from rl_factory.engines.prefill import prefill_runs
 from rl_factory.engines.sampling import sample_rows, uniforms
@@ -65,18 +65,6 @@ class _Request:
     uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
     version: int | None = None  # the policy version of the weights that prefilled it (None: not tracked)
     switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, version) of each swap
-
-    def version_spans(self) -> list[tuple[int, int]] | None:
-        """[(version, tokens), ...] over the generated ids: which weights sampled which tokens."""
-        if self.version is None:
-            return None
-        spans, start, version = [], 0, self.version
-        for index, new in [*self.switches, (len(self.ids), None)]:
-            index = min(index, len(self.ids))
-            if index > start:
-                spans.append((version, index - start))
-            start, version = max(start, index), new
-        return spans
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         resolve_all([(self, result, error)])
@@ -389,7 +377,9 @@ class _Batch:
         if done:
             eos = set(stopped)
             resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs,
-                                                   "stop" if i in eos else "length", self.rows[i].version_spans()),
+                                                   "stop" if i in eos else "length",
+                                                   version_spans(self.rows[i].version, self.rows[i].switches,
+                                                                 len(self.rows[i].ids))),
                            None) for i in done])
             order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
             self.rows = [self.rows[i] for i in order]

@@ -41,9 +41,18 @@ def test_on_policy_maps_to_exactly_the_config_without_the_key(tmp_path, tiny_mod
     assert plain.trainer.v1.trainer_mode == "sync"
 
 
-def test_a_raw_separate_async_mode_wins_and_syncs_once_per_step(tmp_path, tiny_model_dir):
+def test_the_two_gpu_disaggregated_command_composes_and_syncs_once_per_step(tmp_path, tiny_model_dir):
+    """The command of docs/guides/async-training.md (one GPU trains, one serves vLLM), composed on CPU."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
     cfg = compose(tmp_path, tiny_model_dir, ["trainer.max_staleness=1", "optim.mini_batches=2"],
-                  ["trainer.v1.trainer_mode=separate_async"])
+                  ["trainer.n_gpus_per_node=1", "trainer.v1.trainer_mode=separate_async",
+                   "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                   "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"])
+    OmegaConf.resolve(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert cfg.actor_rollout_ref.rollout.n_gpus_per_node == 1 and cfg.trainer.n_gpus_per_node == 1
     v1 = cfg.trainer.v1
     assert v1.trainer_mode == "separate_async" and v1.separate_async.num_warmup_batches == 1
     # verl asserts train_batch_size == parameter_sync_step * ppo_mini_batch_size
