@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/async_training.py                                   # every CPU arm, 3 seeds
     .venv/bin/python benchmarks/async_training.py --steps 6 --batch 4 --seeds 0 1 2 # reduced (a shared machine)
     .venv/bin/python benchmarks/async_training.py --arms h200 --steps 6            # on a GPU machine
+    .venv/bin/python benchmarks/async_training.py model.num_threads=1 --steps 6     # key=value overrides first
 
 All arms of one invocation go into one JSON line (`emit("async_training", ...)`):
 
