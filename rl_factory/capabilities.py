@@ -237,7 +237,7 @@ LIMITS: tuple[Limit, ...] = (
           when=(When("algorithm.rollout_correction.bypass_mode", (True,)),)),
     # --- asynchronous training and off-policy correction ---------------------------------------------------
     Limit(When("algorithm.correction.type", ("tis", "mis")), ("embedded",),
-          "its weights divide by the behaviour policy pi_old, which the embedded update has (its own log-probs "
+          "its weights pi_old / pi_behaviour need pi_old, which the embedded update has (its own log-probs "
           "before the step) only for one optimizer step per batch", "set optim.ppo_epochs=1 and optim.mini_batches=1",
           when=(When(OPTIMIZER_STEPS, (1,), negate=True),)),
     # (on verl the same combination is refused by the rollout-correction limit above: the correction is verl's)
