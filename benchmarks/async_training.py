@@ -167,16 +167,19 @@ def h200(args, out: Path) -> dict[str, Any]:
     arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
     for name in args.h200_models:
         model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, out)
-        job = argparse.Namespace(gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
-                                 max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
-                                 overrides=list(args.overrides), timeout=args.timeout)
         arm[name] = {}
         for k in (0, 1):
-            job.overrides = [*args.overrides, f"trainer.max_staleness={k}"]
-            lines, wall = gpu_step.run_verl(job, model, out / f"{name}-k{k}")
+            lines, wall = gpu_step.run_verl(h200_job(args, k), model, out / f"{name}-k{k}")
             arm[name][f"k{k}"] = {**gpu_step.step_numbers(lines, args.steps), "wall_s": round(wall, 1)}
         arm[name]["speedup"] = round(arm[name]["k0"]["step"] / arm[name]["k1"]["step"], 3)
     return arm
+
+
+def h200_job(args, k: int) -> argparse.Namespace:
+    """gpu_step.py's job (one GPU, the calculator task, 256 tokens a turn) at staleness k (verl colocated)."""
+    return argparse.Namespace(gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
+                              max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
+                              overrides=[*args.overrides, f"trainer.max_staleness={k}"], timeout=args.timeout)
 
 
 if __name__ == "__main__":
