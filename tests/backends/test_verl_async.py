@@ -92,3 +92,13 @@ def test_combinations_that_cannot_be_exact_are_refused_in_one_line(tmp_path, tin
         cfg = compose(tmp_path, tiny_model_dir, overrides, raw)  # old-log-probs modes are refused here
         supported.check(cfg.rl_factory, cfg)  # the rest where the launcher checks the composed config
     assert "\n" not in str(info.value)
+
+
+def test_verls_off_policy_metrics_get_our_async_names():
+    from rl_factory.backends.verl.run_dir import our_metrics
+
+    verl = {"training/off_policy/trajectory_staleness_worst/mean": 0.5,
+            "training/off_policy/trajectory_staleness_worst/max": 1.0,
+            "training/off_policy/trajectory_spans/mean": 1.25, "training/off_policy/trajectory_staleness/max": 0.0}
+    assert our_metrics(verl) == {"async/staleness/mean": 0.5, "async/staleness/max": 1.0,
+                                 "async/version_spans/mean": 1.25}
