@@ -235,6 +235,27 @@ LIMITS: tuple[Limit, ...] = (
     Limit(When("algorithm.old_log_probs", ("update", "recompute")), ("verl",),
           "verl's bypass mode on, given on the command line, is rollout", "set only one of them",
           when=(When("algorithm.rollout_correction.bypass_mode", (True,)),)),
+    # --- asynchronous training and off-policy correction ---------------------------------------------------
+    Limit(When("algorithm.correction.type", ("tis", "mis")), ("embedded",),
+          "its weights pi_old / pi_behaviour need pi_old, which the embedded update has (its own log-probs "
+          "before the step) only for one optimizer step per batch", "set optim.ppo_epochs=1 and optim.mini_batches=1",
+          when=(When(OPTIMIZER_STEPS, (1,), negate=True),)),
+    # (on verl the same combination is refused by the rollout-correction limit above: the correction is verl's)
+    Limit(When("algorithm.correction.type", ("tis", "mis")), ("embedded",),
+          "the correction weights pi_old / pi_behaviour need pi_old, and rollout takes the PPO ratio against the "
+          "behaviour policy itself", "use algorithm.old_log_probs=auto", when=(When("algorithm.old_log_probs", ("rollout",)),)),
+    Limit(When("algorithm.old_log_probs", ("update",)), BOTH,
+          "samples from older policies would train as if the current one had sampled them (a ratio of 1, "
+          "nothing corrected)", "use algorithm.old_log_probs=auto (the PPO ratio against the behaviour policy) "
+          "or an algorithm.correction", when=(When("trainer.max_staleness", (0,), negate=True),
+                                               When("algorithm.correction.type", ("none",)))),
+    Limit(When("trainer.partial_rollouts", (False,)), ("verl",),
+          "verl's async trainers abort running requests at each weight update and resume them under the new "
+          "weights (partial rollouts always)", "use trainer.partial_rollouts=true",
+          when=(When("trainer.max_staleness", (0,), negate=True),)),
+    Limit(When("trainer.max_staleness", (0,), negate=True), ("verl",),
+          "only verl's V1 trainer has asynchronous modes", "set trainer.use_v1=true",
+          when=(When("trainer.use_v1", (False,)),)),
 )
 
 
@@ -249,7 +270,7 @@ def check(backend: str, facts: Mapping[str, Any]) -> None:
 
 
 def facts(alg: Any = None, roll: Any = None, *, optim: Any = None, reward: Any = None, env: Any = None,
-          data: Any = None) -> dict[str, Any]:
+          data: Any = None, trainer: Any = None) -> dict[str, Any]:
     """The facts `LIMITS` reads, from config sections (dataclasses or DictConfig slices; None: unknown)."""
     out: dict[str, Any] = {}
     if alg is not None:
@@ -259,6 +280,9 @@ def facts(alg: Any = None, roll: Any = None, *, optim: Any = None, reward: Any =
         out.update({"algorithm.advantage": alg.advantage, INPUTS: REQUIRED_INPUTS.get(alg.advantage, ()),
                     "algorithm.critic.type": alg.critic.type, "algorithm.critic.vf_coef": float(alg.critic.vf_coef),
                     "algorithm.arena.anchor": alg.arena.anchor, "algorithm.old_log_probs": alg.old_log_probs})
+        correction = alg.get("correction") if isinstance(alg, Mapping) else getattr(alg, "correction", None)
+        if correction is not None:  # a DictConfig slice of an older run may lack it
+            out["algorithm.correction.type"] = correction.type
     if roll is not None:
         out.update(pipeline_facts(roll.context, roll.filters, roll.augment, roll.dynamic_sampling.min_groups))
     if optim is not None:
@@ -271,6 +295,9 @@ def facts(alg: Any = None, roll: Any = None, *, optim: Any = None, reward: Any =
         out["env.tools"] = INLINE_SAMPLE_REFS if _names_sample(env.tools) else "a path or a plain manifest"
     if data is not None:
         out["data.train_batch_size"] = int(data.train_batch_size)
+    if trainer is not None:
+        out["trainer.max_staleness"] = int(trainer.max_staleness)
+        out["trainer.partial_rollouts"] = bool(trainer.partial_rollouts)
     return out
 
 
@@ -319,6 +346,7 @@ def _kinds() -> list[tuple[str, str, list[Any], bool]]:
     from rl_factory.critic import CRITIC_TYPES
     from rl_factory.pipeline.augment import AUGMENTERS
     from rl_factory.pipeline.filters import FILTERS
+    from rl_factory.algorithms.correction import CORRECTIONS
     from rl_factory.update import OldLogProbs
 
     return [
@@ -339,6 +367,9 @@ def _kinds() -> list[tuple[str, str, list[Any], bool]]:
         ("Tool manifest", "env.tools", ["a file, or an inline manifest", INLINE_SAMPLE_REFS], False),
         ("Environment", "env.environment", [None, "file.py:Class"], False),
         ("LoRA", "model.lora_rank", [0, "R > 0"], False),
+        ("Async training", "trainer.max_staleness", [0, "k > 0"], False),
+        ("Partial rollouts (async)", "trainer.partial_rollouts", [True, False], False),
+        ("Off-policy correction", "algorithm.correction.type", ["none", *sorted(CORRECTIONS)], False),
     ]
 
 

@@ -151,7 +151,7 @@ VALUE_RULES: dict[str, Range | OneOf] = {
     "optim.grad_clip": positive(), "optim.ppo_epochs": at_least(1), "optim.mini_batches": at_least(1),
     "optim.micro_batch_size": at_least(1), "optim.micro_batch_tokens": at_least(1, nullable=True),
     "trainer.total_steps": at_least(1), "trainer.eval_every": at_least(0), "trainer.save_every": at_least(0),
-    "trainer.keep_checkpoints": at_least(0),
+    "trainer.keep_checkpoints": at_least(0), "trainer.max_staleness": at_least(0),
     "eval.limit": at_least(1, nullable=True), "eval.n": at_least(1), "eval.temperature": at_least(0, float),
     "eval.top_p": Range(float, 0, 1, open_low=True), "eval.bootstrap": at_least(1),
 }
@@ -413,10 +413,13 @@ def check_training(run: RunConfig) -> None:
         supported.check(run)
         return
     from rl_factory.algorithms.advantages import get_advantage
+    from rl_factory.algorithms.correction import check_correction
     from rl_factory.algorithms.losses import get_policy_loss
     from rl_factory.critic import check_critic_type
     from rl_factory.pipeline import check_pipeline
 
     get_advantage(alg.advantage), get_policy_loss(alg.policy_loss), check_critic_type(alg.critic)
     check_pipeline(roll, alg.advantage, roll.context)  # filters, dynamic sampling, augmenters
-    capabilities.check(run.trainer.backend, capabilities.facts(alg, roll, optim=run.optim, reward=run.reward))
+    check_correction(alg.correction)  # algorithm.correction: the off-policy correction's own keys
+    capabilities.check(run.trainer.backend, capabilities.facts(alg, roll, optim=run.optim, reward=run.reward,
+                                                               trainer=run.trainer))

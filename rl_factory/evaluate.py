@@ -83,6 +83,8 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
         "tool_results": [{"name": r.call.name, "text": r.text, "error_kind": r.error_kind,
                           "latency_s": round(r.latency_s, 4)} for r in traj.tool_results],
         **({"state": traj.state} if traj.state else {}),  # what the environment kept (env.environment)
+        # async training: [[policy version, generated tokens], ...] in order (rl_factory/asynchrony.py)
+        **({"policy_versions": [list(s) for s in traj.version_spans]} if traj.version_spans else {}),
         **({"episode_error": traj.reward_info.get("episode_error")} if traj.dropped_by == EPISODE_FAILED else {}),
         "prompt_tokens": len(traj.prompt_ids),
         "generated_tokens": traj.num_generated_tokens,

@@ -75,6 +75,9 @@ class Agent:
         self.engine, self.env, self.fmt, self.parser, self.cfg = engine, env, fmt, parser, cfg
         self._spans: dict[str, list[tuple[float, float]]] = {"generate": [], "tools": []}
         self._warned: set[str] = set()
+        # Async training with whole-trajectory versions (rl_factory/asynchrony.py): every episode runs inside
+        # `gate.trajectory()`, so new weights reach the engine only between trajectories. None: no gate.
+        self.gate: Any = None
 
     def timing(self) -> dict[str, float]:
         """Wall time spent generating, in tools, and how much tool time overlapped generation.
@@ -132,7 +135,8 @@ class Agent:
             ctx.add_generation(gen)
             text = fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             content, calls = self.parser.parse(text)
-            turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls, receipt=gen.receipt)
+            turn = Turn(gen.token_ids, gen.logprobs, text, tool_calls=calls, receipt=gen.receipt,
+                        version_spans=gen.version_spans)
             turns.append(turn)
             messages.append(_assistant_message(content, calls))
             if gen.finish_reason != "stop":
@@ -177,6 +181,13 @@ class Agent:
         A failed episode (or environment) gives a dropped EPISODE_FAILED trajectory instead of raising;
         a reward's failure is left for `scorer.wait` to report, in order.
         """
+        if self.gate is not None:
+            async with self.gate.trajectory():
+                return await self._run_episode(sample, sample_index, params, scorer)
+        return await self._run_episode(sample, sample_index, params, scorer)
+
+    async def _run_episode(self, sample: dict, sample_index: int, params: SamplingParams,
+                           scorer: Any = None) -> Trajectory:
         try:
             episode = await self.env.open_episode(sample) if hasattr(self.env, "open_episode") else None
         except EpisodeError as exc:

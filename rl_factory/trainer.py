@@ -15,6 +15,8 @@ A run killed at any point resumes from its last checkpoint with `trainer.resume=
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import gc
 import logging
 import random
@@ -33,6 +35,8 @@ from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.components import (RewardConfig, SamplingConfig, build_agent, check_reward_columns, closing_engine,
                                    load_rows, open_env)
 from rl_factory.config import ConfigError, RunConfig, check_training, parse
+from rl_factory.asynchrony import build_ahead
+from rl_factory.algorithms.correction import check_correction
 from rl_factory.data import PromptSampler
 from rl_factory.engines.base import SamplingParams, derive_seed
 from rl_factory.evaluate import evaluate, summarize, write_rollouts
@@ -67,6 +71,11 @@ class TrainerConfig:
     progress: bool = True
     report: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)  # the run guard (rl_factory/guard)
+    # Policy versions a rollout may run ahead of the update (0 = on-policy); rl_factory/asynchrony.py
+    max_staleness: int = 0
+    # With max_staleness > 0: new weights reach running trajectories between tokens (true) or only between
+    # trajectories (false)
+    partial_rollouts: bool = True
 
 
 def train(cfg: RunConfig | DictConfig) -> dict[str, Any]:
@@ -134,6 +143,9 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                                    batch_size=data_cfg.train_batch_size, group_size=roll_cfg.n, params=train_params,
                                    scorer=scorer, group_stage=providers.group_stage, anchor_params=val_params,
                                    seed=seed)
+        # trainer.max_staleness > 0: later steps' rollouts run while a step trains; None = on-policy
+        ahead = build_ahead(t_cfg.max_staleness, t_cfg.partial_rollouts, pipeline, sampler, agent, policy, step,
+                            t_cfg.total_steps)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
         guard = build_guard(cfg, run.path, step, policy=policy, agent=agent, scorer=scorer)
         providers.start(run.path, resume_step=step + 1 if step else 0)  # e.g. the tournament's rankings.csv
@@ -152,7 +164,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 write_rollouts(run.path / "rollouts" / f"val_step_{at_step:06d}.jsonl", trajs)
             return {f"val/{k}": v for k, v in metrics.items()}, time.perf_counter() - start
 
-        async with closing_engine(agent):
+        async with closing_engine(agent), ahead or contextlib.nullcontext():
             if step == 0:  # the "before" of the closing summary
                 history["first_val"], val_s = await validate(0)
                 tracker.log({**history["first_val"], "timing/val_s": val_s}, step=0)
@@ -168,7 +180,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 #      finishes, drop what should not train (rollout.filters); with rollout.dynamic_sampling,
                 #      more prompts until enough groups survive. A group stage (arena's tournament) plays here.
                 #      Sampling is seeded per step and round (and per trajectory and turn inside).
-                batch = await pipeline.collect(step)
+                batch = await (ahead.batch(step) if ahead else pipeline.collect(step))
                 groups, trajs = batch.groups, batch.kept
                 # 4. Augment: the training samples of each kept trajectory (rollout.augment; default: itself).
                 augment_metrics = await pipeline.augment(batch)
@@ -177,9 +189,13 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 #    estimator declares filled by their providers (e.g. the critic's values of every token).
                 input_metrics = providers.assign(groups, batch.scores, alg.advantage_options)
                 # 6. Policy update with the registered policy loss, plus the extra loss terms (KL, the providers').
-                with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
-                    actor = update_policy(policy, optimizer, scheduler, trajs, alg, optim_cfg, ref_model,
-                                          seed + step, terms=providers.loss_terms(), guard=nonfinite)
+                update = functools.partial(update_policy, policy, optimizer, scheduler, trajs, alg, optim_cfg,
+                                           ref_model, seed + step, terms=providers.loss_terms(), guard=nonfinite)
+                if ahead is not None:  # in a thread, then its weights go to the generator
+                    actor = {**await ahead.update(update, step), **ahead.metrics(trajs, step)}
+                else:
+                    with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
+                        actor = update()
                 t3 = time.perf_counter()
                 # 7. Log, write rollouts, validate and checkpoint.
                 metrics = {**summarize(batch.trajectories, reward_cfg.success_threshold), **batch.metrics, **actor,
@@ -203,7 +219,8 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 if last or (t_cfg.save_every and step % t_cfg.save_every == 0):
                     ckpt.save_checkpoint(run.path, step, policy.model, policy.tokenizer, {
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(), "history": history,
+                        "sampler": ahead.sampler_state(step) if ahead else sampler.state_dict(),
+                        "history": history,
                     }, keep=t_cfg.keep_checkpoints, extra=providers.checkpoint_files())
             progress.close()
         tracker.close()
@@ -212,9 +229,11 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
 
 
 def check_supported(alg: AlgorithmConfig, roll_cfg: SamplingConfig, optim_cfg: OptimConfig,
-                    reward_cfg: RewardConfig) -> None:
+                    reward_cfg: RewardConfig, t_cfg: TrainerConfig | None = None) -> None:
     """Refuse up front, with the capability table's one line, what the embedded backend cannot train."""
-    capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg))
+    check_correction(alg.correction)
+    capabilities.check("embedded", capabilities.facts(alg, roll_cfg, optim=optim_cfg, reward=reward_cfg,
+                                                      trainer=t_cfg))
 
 
 def _engine_metrics(engine) -> dict[str, float]:

@@ -61,6 +61,8 @@ class Turn:
     observation_ids: list[int] = field(default_factory=list)
     # The engine's receipt for these ids (Generation.receipt): what the run guard compares the trained ids with
     receipt: dict[str, Any] | None = None
+    # [(policy version, tokens), ...] over generated_ids: async training only (rl_factory/asynchrony.py)
+    version_spans: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -111,6 +113,19 @@ class Trajectory:
     dropped_by: str | None = None
     # What the environment (env.environment) kept: its `state` dict at the end; the reward's `state`.
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version_spans(self) -> list[tuple[int, int]]:
+        """[(policy version, generated tokens), ...] over all turns, adjacent runs of one version merged;
+        [] when the engine recorded none (on-policy training)."""
+        spans: list[tuple[int, int]] = []
+        for turn in self.turns:
+            for version, count in turn.version_spans or ():
+                if spans and spans[-1][0] == version:
+                    spans[-1] = (version, spans[-1][1] + count)
+                else:
+                    spans.append((version, count))
+        return spans
 
     def training_samples(self) -> list[Trajectory | Step]:
         """What the update trains on: the whole sequence, or each of its steps (step policy, augmenters)."""

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Literal, Protocol
 import torch
 
 from rl_factory import capabilities
+from rl_factory.algorithms.correction import CorrectionConfig, correct_advantages
 from rl_factory.algorithms.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig
@@ -63,6 +64,7 @@ class AlgorithmConfig:
     kl_kind: str = "low_var_kl"
     arena: ArenaConfig = field(default_factory=ArenaConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
 
 
 @dataclass
@@ -249,8 +251,10 @@ def old_log_probs_mode(alg: AlgorithmConfig, optim: OptimConfig) -> str:
     recorded at each sampled token are the policy's: no pass of its own is needed before the update.
     """
     capabilities.check("embedded", {"algorithm.old_log_probs": alg.old_log_probs,
+                                    "algorithm.correction.type": alg.correction.type,
                                     capabilities.OPTIMIZER_STEPS: optim.ppo_epochs * optim.mini_batches})
-    return "update" if alg.old_log_probs == "update" else "rollout"
+    # an off-policy correction takes the ratio against pi_old, the update's own (algorithms/correction.py)
+    return "update" if alg.old_log_probs == "update" or alg.correction.type != "none" else "rollout"
 
 
 def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: AlgorithmConfig,
@@ -310,9 +314,14 @@ def update_policy(policy, optimizer, scheduler, trajs: list[Trajectory], alg: Al
                 # step of the update (the weights that sampled), staleness too after it (the run guard's)
                 gap = "logprob_gap_stale" if stepped else "logprob_gap"
                 totals.setdefault(gap, []).append(_logprob_gap(logprobs, b["old_logprobs"], b["loss_mask"]))
-                loss, stats = loss_fn(logprobs, old, b["advantages"], b["loss_mask"],
+                advantages, corrected = b["advantages"], {}
+                if alg.correction.type != "none":  # importance weights pi_old / pi_behaviour
+                    advantages, corrected = correct_advantages(alg.correction, advantages, logprobs,
+                                                               b["old_logprobs"], b["loss_mask"])
+                loss, stats = loss_fn(logprobs, old, advantages, b["loss_mask"],
                                       clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high,
                                       agg=alg.loss_agg)
+                stats.update(corrected)
                 for term in terms:
                     extra, term_stats = term(policy, b, packed, logprobs, hidden)
                     loss = loss + extra

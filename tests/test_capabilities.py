@@ -59,6 +59,11 @@ VERL_CASES = [
     (["algorithm.old_log_probs=update", "optim.ppo_epochs=2"], [], "with optimizer steps per batch=2"),
     (["algorithm.old_log_probs=update"], ["algorithm.rollout_correction.bypass_mode=false"], "bypass mode off"),
     (["algorithm.old_log_probs=recompute"], ["algorithm.rollout_correction.bypass_mode=true"], "bypass mode on"),
+    (["algorithm.old_log_probs=update", "trainer.max_staleness=1"], [],
+     "algorithm.old_log_probs=update is not supported on any backend with trainer.max_staleness=1"),
+    (["trainer.max_staleness=1", "trainer.partial_rollouts=false"], [],
+     "trainer.partial_rollouts=false is not supported on the verl backend with trainer.max_staleness=1"),
+    (["trainer.max_staleness=1"], ["trainer.use_v1=false"], "only verl's V1 trainer has asynchronous modes"),
 ]
 EMBEDDED_CASES = [
     ([f"algorithm.advantage={TEST_ESTIMATOR}"], f"algorithm.advantage={TEST_ESTIMATOR} is not supported on the "
@@ -71,6 +76,11 @@ EMBEDDED_CASES = [
     (["rollout.augment=[per_turn]", "algorithm.advantage=gae"], "use an outcome estimator"),
     (["algorithm.old_log_probs=recompute"], "algorithm.old_log_probs=recompute is not supported on the embedded"),
     (["algorithm.old_log_probs=update", "optim.mini_batches=2"], "with optimizer steps per batch=2"),
+    (["algorithm.correction.type=tis", "optim.ppo_epochs=2"],
+     "algorithm.correction.type=tis is not supported on the embedded backend with optimizer steps per batch=2"),
+    (["algorithm.correction.type=mis", "algorithm.old_log_probs=rollout"], "use algorithm.old_log_probs=auto"),
+    (["algorithm.old_log_probs=update", "trainer.max_staleness=2"], "with trainer.max_staleness=2 and "
+                                                                   "algorithm.correction.type=none"),
 ]
 
 

@@ -47,6 +47,23 @@ class Generation:
     logprobs: list[float]
     finish_reason: str
     receipt: dict | None = None
+    # [(policy version, tokens), ...] in order: which weights sampled which tokens. Only an engine whose
+    # weights are swapped while it generates (async training, rl_factory/asynchrony.py) records it.
+    version_spans: list[tuple[int, int]] | None = None
+
+
+def version_spans(version: int | None, switches: list[tuple[int, int]], n: int) -> list[tuple[int, int]] | None:
+    """[(version, tokens), ...] over `n` generated tokens that started under `version` and switched to the
+    version of each (token index, version) of `switches`; None when versions are not tracked."""
+    if version is None:
+        return None
+    spans, start = [], 0
+    for index, new in [*switches, (n, None)]:
+        index = min(index, n)
+        if index > start:
+            spans.append((version, index - start))
+        start, version = max(start, index), new
+    return spans
 
 
 class Engine(Protocol):

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 from transformers import AttentionInterface
 
-from rl_factory.engines.base import Generation, SamplingParams, register_engine
+from rl_factory.engines.base import Generation, SamplingParams, register_engine, version_spans
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, ragged_attention, slot_bytes
 from rl_factory.engines.prefill import prefill_runs
 from rl_factory.engines.sampling import sample_rows, uniforms
@@ -64,6 +64,8 @@ class _Request:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
+    version: int | None = None  # the policy version of the weights that prefilled it (None: not tracked)
+    switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, version) of each swap
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         resolve_all([(self, result, error)])
@@ -134,10 +136,35 @@ class HFEngine:
         self.stats = {"batches": 0, "rows": 0, "prefill_tokens": 0, "reused_tokens": 0, "prefill_padded_tokens": 0,
                       "prefill_forwards": 0}
         self.max_rows = 0  # largest running batch seen (tests check that joins happen mid-decode)
-        # The run guard's receipt: the policy version this engine last synced to and its own weights' fingerprint
+        # The policy version of the weights this engine samples with and their fingerprint: the run guard's
+        # receipt (rl_factory/guard). With async training (rl_factory/asynchrony.py) the engine has weights of
+        # its own, which the decode thread swaps for new ones between two decode steps (`swap_weights`), and
+        # every token span records its version (`tracks_versions`).
         self.version: int | None = None
         self.weights: str | None = None
+        self.tracks_versions = False
         self.counters = {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
+        self._swap: tuple[int, Callable[[], None]] | None = None
+
+    def swap_weights(self, version: int, load: Callable[[], None]) -> None:
+        """Have the decode thread call `load()` (copy new weights into the model) between two decode steps,
+        and tag every token sampled from then on with `version`. Rows running at that moment keep their
+        cache and go on with the new weights (a partial rollout; each records the switch)."""
+        with self._lock:
+            self._swap = (version, load)
+
+    def _apply_swap(self, batch: _Batch) -> None:
+        with self._lock:
+            swap, self._swap = self._swap, None
+        if swap is None:
+            return
+        version, load = swap
+        with torch.no_grad():
+            load()
+        # the next token of a running row is sampled from logits the old weights computed
+        for req in batch.rows:
+            req.switches.append((len(req.ids) + 1, version))
+        self.version, self.weights = version, _fingerprint(self.model)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         loop = asyncio.get_running_loop()
@@ -154,9 +181,9 @@ class HFEngine:
     def sync(self, version: int) -> None:
         """Take policy `version`: the weights are the trainer's own (shared), so this only stamps later turns
         with the version and this engine's fingerprint of the weights it generates with (rl_factory/guard)."""
-        from rl_factory.guard.checks.receipts import weight_fingerprint
-
-        self.version, self.weights = version, weight_fingerprint(self.model)
+        if self.tracks_versions:  # weights of its own: each swap stamps its version and fingerprint
+            return
+        self.version, self.weights = version, _fingerprint(self.model)
 
     async def close(self) -> None:
         thread = self._thread
@@ -223,6 +250,10 @@ class HFEngine:
                 continue
             try:
                 start = time.perf_counter()
+                if self._swap is not None:
+                    self._apply_swap(batch)
+                for req in arrivals:
+                    req.version = self.version if self.tracks_versions else None
                 with torch.no_grad(), self.autocast():
                     if arrivals:
                         batch.join(arrivals)
@@ -359,7 +390,9 @@ class _Batch:
             eos = set(stopped)
             e = self.e
             resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs, "stop" if i in eos else
-                                                   "length", receipt(self.rows[i].ids, e.version, e.weights)), None)
+                                                   "length", receipt(self.rows[i].ids, e.version, e.weights),
+                                                   version_spans(self.rows[i].version, self.rows[i].switches,
+                                                                 len(self.rows[i].ids))), None)
                          for i in done])
             order = self.kv.remove(done, len(self.rows))  # live rows moved into the freed slots
             self.rows = [self.rows[i] for i in order]
@@ -385,3 +418,9 @@ class _Batch:
         for req in [*self.rows, *extra]:
             req.resolve(error=exc)
         self.rows = []
+
+
+def _fingerprint(model) -> str:
+    from rl_factory.guard.checks.receipts import weight_fingerprint
+
+    return weight_fingerprint(model)

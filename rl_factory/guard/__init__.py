@@ -16,6 +16,8 @@ evidence its agent loop records per trajectory.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import collections
 import copy
 import logging
@@ -146,6 +148,10 @@ def build_guard(cfg: Any, run_dir: Path, step: int, **parts: Any):
     from rl_factory.guard.embedded import NoGuard, TrainerGuard
 
     guard_cfg = guard_config(cfg)
+    ahead = int(getattr(getattr(cfg, "trainer", None), "max_staleness", 0) or 0)
+    if ahead > guard_cfg.receipts.max_staleness:  # async training: rollouts may lag by up to k versions
+        guard_cfg = dataclasses.replace(guard_cfg, receipts=dataclasses.replace(guard_cfg.receipts,
+                                                                                 max_staleness=ahead))
     if not guard_cfg.enabled:
         return NoGuard()
     return TrainerGuard(guard_cfg, cfg, run_dir, step, **parts)

@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl_factory.backends.verl import fetch, old_log_probs
+from rl_factory.backends.verl.asynchrony import async_values
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
 from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
@@ -119,6 +120,7 @@ def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) ->
         "trainer.validation_data_dir": str(out_dir / "rollouts_verl" / "val") if t.save_rollouts else None,
         **_resume(t.resume),
         **pipeline_values(ours),  # rollout filters / dynamic sampling (pipeline.py); may set adv_estimator
+        **async_values(ours),  # trainer.max_staleness, algorithm.correction (asynchrony.py)
     }
     env_vars = {"TENSORBOARD_DIR": str(out_dir / "tensorboard")}
     extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}

@@ -58,6 +58,9 @@ def resolve(cfg: DictConfig, requested: str, given: set[str]) -> tuple[str, str]
     if facts["algorithm.rollout_correction"]:
         key = facts["algorithm.rollout_correction"]
         return "recompute", f"verl's rollout correction (algorithm.rollout_correction.{key}) needs it"
+    if facts["trainer.max_staleness"] != 0:  # the update's own log-probs would ignore who sampled the tokens
+        return "rollout", (f"verl's {cfg.trainer.v1.trainer_mode} trainer: the PPO ratio against the behaviour "
+                           "policy (vLLM's sampling log-probs)")
     if facts[capabilities.OPTIMIZER_STEPS] != 1:
         return "recompute", "several optimizer steps per batch (ppo_epochs or mini-batches > 1)"
     return "update", "one optimizer step per batch: the update's own forward gives the same log-probs"

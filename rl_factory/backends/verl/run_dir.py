@@ -43,6 +43,11 @@ INVALID_TOOL = "_invalid"  # calls to names no server serves, pooled as ToolEnv.
 UNROUTED_KINDS = ("parse", "unknown_tool", "too_many_calls")  # failures decided before a tool is looked up
 # verl's timing_s/<phase> -> our timing/<name>_s, where our name differs from verl's phase name
 TIMING_NAMES = {"gen": "rollout", "update_actor": "update"}
+# verl's async trainers' off-policy metrics -> ours (the embedded backend's async/*, rl_factory/asynchrony.py):
+# verl's "worst" staleness is the trained weights' version minus the version of the trajectory's first token
+ASYNC_NAMES = {"training/off_policy/trajectory_staleness_worst/mean": "async/staleness/mean",
+               "training/off_policy/trajectory_staleness_worst/max": "async/staleness/max",
+               "training/off_policy/trajectory_spans/mean": "async/version_spans/mean"}
 
 
 def write_part(out_dir: str | Path, split: str, step: int, lines: list[dict[str, Any]]) -> None:
@@ -111,10 +116,12 @@ def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def our_metrics(data: dict[str, Any]) -> dict[str, Any]:
-    """Our names for verl's step metrics that have one: timing_s/<phase> -> timing/<phase>_s."""
+    """Our names for verl's step metrics that have one: timing_s/<phase> -> timing/<phase>_s, async/*."""
     out = {}
     for key, value in data.items():
-        if key.startswith("timing_s/"):
+        if key in ASYNC_NAMES:
+            out[ASYNC_NAMES[key]] = value
+        elif key.startswith("timing_s/"):
             phase = key.split("/", 1)[1]
             out[f"timing/{TIMING_NAMES.get(phase, phase)}_s"] = value
     return out

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from rl_factory import capabilities
+from rl_factory.algorithms.correction import check_correction
+from rl_factory.backends.verl.asynchrony import staleness
 from rl_factory.critic import check_critic_type
 
 if TYPE_CHECKING:
@@ -25,7 +27,9 @@ OUR_SAMPLER_PATH = "pkg://rl_factory.backends.verl.pipeline"
 def check(ours: RunConfig, cfg: DictConfig | None = None) -> None:
     """Refuse, with the table's one line, what verl cannot train in our config (and the composed `cfg`)."""
     check_critic_type(ours.algorithm.critic)
-    facts = capabilities.facts(ours.algorithm, ours.rollout, reward=ours.reward, env=ours.env, data=ours.data)
+    check_correction(ours.algorithm.correction)
+    facts = capabilities.facts(ours.algorithm, ours.rollout, reward=ours.reward, env=ours.env, data=ours.data,
+                               trainer=ours.trainer)
     del facts["algorithm.old_log_probs"]  # old_log_probs.resolve checks it, knowing the command line
     capabilities.check("verl", {**facts, **(verl_facts(cfg) if cfg is not None else {})})
 
@@ -40,7 +44,9 @@ def verl_facts(cfg: DictConfig) -> dict[str, Any]:
     return {
         "trainer.use_v1": bool(cfg.trainer.use_v1),
         "trainer.v1.trainer_mode": cfg.trainer.v1.trainer_mode,
+        "trainer.max_staleness": staleness(cfg),
         "trainer.v1.sampler.custom_sampler.path": None if sampler == OUR_SAMPLER_PATH else sampler,
         "algorithm.rollout_correction": correction,
+        **({"algorithm.correction.type": "none"} if correction is None else {}),
         capabilities.OPTIMIZER_STEPS: int(actor.ppo_epochs) * mini_batches,
     }

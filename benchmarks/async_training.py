@@ -1,0 +1,186 @@
+"""Async training (`trainer.max_staleness=k`) against on-policy (k=0): step time, accuracy, per-phase times.
+
+    .venv/bin/python benchmarks/async_training.py                                   # every CPU arm, 3 seeds
+    .venv/bin/python benchmarks/async_training.py --steps 6 --batch 4 --seeds 0 1 2 # reduced (a shared machine)
+    .venv/bin/python benchmarks/async_training.py --arms h200 --steps 6            # on a GPU machine
+    .venv/bin/python benchmarks/async_training.py model.num_threads=1 --steps 6     # key=value overrides first
+
+All arms of one invocation go into one JSON line (`emit("async_training", ...)`):
+
+- `cpu_slow_tools`: the default job (`bash main_grpo.sh`: the tiny model, the calculator, 16 prompts x 8)
+  with every tool call `--tool-latency-ms` (200) slower (the calculator server's own `--latency-ms`, given in a
+  copy of the manifest), for each k of `--staleness` (0 1 2) and each seed of `--seeds`. Per k: the median of
+  the seeds' median step time (`timing/step_s` of steps 2..S; validation is outside it), `speedup` = k=0's /
+  k's, and the final validation accuracy per seed; `accuracy_spread_k0` is k=0's max - min over the seeds.
+  Target: k=1 at least 1.3x faster, its mean accuracy within k=0's spread.
+- `cpu_fast_tools`: the same job with the tools as they are, for each k of `--fast-staleness` (0 1) and the
+  first seed: what async gives when the tools are fast (no target).
+- `h200`: verl's colocated async trainer (trainer.max_staleness=1 -> trainer.v1.trainer_mode=colocate_async)
+  against k=0 on one GPU, for the qwen3-0.6b shape (random init, builtin tokenizer:
+  benchmarks/gpu_step.py) and the tiny model, with the per-phase medians of gpu_step.py. Without a GPU the
+  arm records `skipped` and why.
+
+Each run is a real `main_grpo.sh` in its own process and directory (deleted afterwards unless `--keep`). The
+seeds vary data order and sampling; every CPU run trains the same model, the default build
+(`builtin:tiny-calculator` of seed 0, `--model` for another), so that three seeds do not build three models.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.record import emit  # noqa: E402
+
+CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
+ARMS = ("cpu_slow_tools", "cpu_fast_tools", "h200")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["cpu_slow_tools", "cpu_fast_tools"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run (the default job: 40)")
+    parser.add_argument("--batch", type=int, default=16, help="data.train_batch_size (the default job: 16)")
+    parser.add_argument("--n", type=int, default=8, help="rollout.n (the default job: 8)")
+    parser.add_argument("--val-limit", type=int, default=None, help="data.val_limit (default: all 100 rows)")
+    parser.add_argument("--tool-latency-ms", type=float, default=200.0)
+    parser.add_argument("--staleness", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--fast-staleness", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--partial", choices=["true", "false"], default="true", help="trainer.partial_rollouts")
+    parser.add_argument("--model", default=None, help="model.path of the CPU runs (default: the seed-0 builtin build)")
+    parser.add_argument("--h200-models", nargs="+", default=["qwen3-0.6b", "tiny"])
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
+    args = parser.parse_args(argv)
+    if 0 not in args.staleness:
+        parser.error("--staleness must include 0 (the baseline)")
+    out = Path(tempfile.mkdtemp(prefix="async_training-"))
+    result: dict[str, Any] = {"benchmark": "async_training", "steps": args.steps, "batch": args.batch, "n": args.n,
+                              "seeds": args.seeds, "tool_latency_ms": args.tool_latency_ms,
+                              "partial_rollouts": args.partial == "true", "run_dirs": str(out) if args.keep else None}
+    if args.model is None and {"cpu_slow_tools", "cpu_fast_tools"} & set(args.arms):
+        from benchmarks.gpu_step import builtin_tokenizer_dir
+        args.model = str(builtin_tokenizer_dir())  # the default job's model, built once and cached
+    result["model"] = args.model
+    if "cpu_slow_tools" in args.arms:
+        manifest = calculator_manifest(out, args.tool_latency_ms)
+        result["cpu_slow_tools"] = compare(args, out / "slow", manifest, args.staleness, args.seeds)
+    if "cpu_fast_tools" in args.arms:
+        result["cpu_fast_tools"] = compare(args, out / "fast", CALCULATOR_MANIFEST, args.fast_staleness, args.seeds[:1])
+    if "h200" in args.arms:
+        result["h200"] = h200(args, out / "h200")
+    if not args.keep:
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)
+    emit("async_training", result)
+
+
+def calculator_manifest(out: Path, latency_ms: float) -> Path:
+    """The calculator manifest with every call `latency_ms` slower (the same server and schema)."""
+    manifest = yaml.safe_load(CALCULATOR_MANIFEST.read_text())
+    manifest["mcpServers"]["calculator"]["args"] += ["--latency-ms", str(latency_ms)]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "calculator_slow.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def compare(args, out: Path, manifest: Path, staleness: list[int], seeds: list[int]) -> dict[str, Any]:
+    """Per k: the seeds' runs, their median step times and accuracies; speedups against k=0."""
+    arm: dict[str, Any] = {}
+    for k in staleness:
+        runs = [run_cpu(args, out / f"k{k}-seed{seed}", manifest, k, seed) for seed in seeds]
+        step_s = statistics.median(r["median_step_s"] for r in runs)
+        accuracies = [r["val_accuracy"] for r in runs if r["val_accuracy"] is not None]
+        arm[f"k{k}"] = {"median_step_s": round(step_s, 3), "runs": runs,
+                        "val_accuracy_mean": round(statistics.mean(accuracies), 4) if accuracies else None}
+    base = arm["k0"]
+    for k in staleness:
+        arm[f"k{k}"]["speedup"] = round(base["median_step_s"] / arm[f"k{k}"]["median_step_s"], 3)
+    accuracies = [r["val_accuracy"] for r in base["runs"] if r["val_accuracy"] is not None]
+    if len(accuracies) > 1:
+        arm["accuracy_spread_k0"] = round(max(accuracies) - min(accuracies), 4)
+        arm["within_spread"] = {f"k{k}": abs(arm[f"k{k}"]["val_accuracy_mean"] - base["val_accuracy_mean"])
+                                <= arm["accuracy_spread_k0"] for k in staleness if k}
+    return arm
+
+
+def run_cpu(args, run_dir: Path, manifest: Path, k: int, seed: int) -> dict[str, Any]:
+    overrides = [f"model.path={args.model}", f"env.tools={manifest}", f"trainer.total_steps={args.steps}", f"data.train_batch_size={args.batch}",
+                 f"rollout.n={args.n}", f"seed={seed}", f"trainer.max_staleness={k}",
+                 f"trainer.partial_rollouts={args.partial}", f"trainer.output_dir={run_dir}", "trainer.eval_every=0",
+                 "trainer.save_every=0", "trainer.progress=false", "trainer.resume=never", "trainer.report=false",
+                 *([f"data.val_limit={args.val_limit}"] if args.val_limit else []), *args.overrides]
+    lines, wall = run_job(overrides, run_dir, args.timeout)
+    steps = [m for m in lines if m["step"] >= 1]
+    steady = [m["timing/step_s"] for m in steps if m["step"] >= 2] or [m["timing/step_s"] for m in steps]
+    last_val = next((m["val/accuracy"] for m in reversed(lines) if "val/accuracy" in m and m["step"] >= 1), None)
+    out = {"seed": seed, "median_step_s": round(statistics.median(steady), 3), "wall_s": round(wall, 1),
+           "val_accuracy": last_val, "val_accuracy_start": lines[0].get("val/accuracy") if lines else None,
+           "phases": phase_medians(steps)}
+    if k:
+        out["staleness_max"] = max(m.get("async/staleness/max", 0) for m in steps)
+        out["staleness_mean"] = round(statistics.mean(m.get("async/staleness/mean", 0) for m in steps), 3)
+    return out
+
+
+def phase_medians(steps: list[dict]) -> dict[str, float]:
+    keys = {"rollout": "timing/rollout_s", "update": "timing/update_s", "tools": "timing/tools_s",
+            "trainer_idle": "timing/trainer_idle_s", "generator_idle": "timing/generator_idle_s"}
+    return {name: round(statistics.median(m[key] for m in steps if key in m), 3)
+            for name, key in keys.items() if any(key in m for m in steps)}
+
+
+def run_job(overrides: list[str], run_dir: Path, timeout: float) -> tuple[list[dict], float]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"async_training: the run in {run_dir} failed:\n{proc.stderr[-4000:]}")
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return lines, wall
+
+
+def h200(args, out: Path) -> dict[str, Any]:
+    """verl colocated: k=1 against k=0 per model, per-phase medians (benchmarks/gpu_step.py's)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device on this machine"}
+    from benchmarks import gpu_step
+
+    arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
+    for name in args.h200_models:
+        model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, out)
+        arm[name] = {}
+        for k in (0, 1):
+            lines, wall = gpu_step.run_verl(h200_job(args, k), model, out / f"{name}-k{k}")
+            arm[name][f"k{k}"] = {**gpu_step.step_numbers(lines, args.steps), "wall_s": round(wall, 1)}
+        arm[name]["speedup"] = round(arm[name]["k0"]["step"] / arm[name]["k1"]["step"], 3)
+    return arm
+
+
+def h200_job(args, k: int) -> argparse.Namespace:
+    """gpu_step.py's job (one GPU, the calculator task, 256 tokens a turn) at staleness k (verl colocated)."""
+    return argparse.Namespace(gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
+                              max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
+                              overrides=[*args.overrides, f"trainer.max_staleness={k}"], timeout=args.timeout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""benchmarks/async_training.py on CPU: its GPU arm's verl commands compose (k=1: verl's colocated async
+trainer), and without a GPU that arm says it was skipped."""
+import argparse
+import subprocess
+
+import pytest
+import yaml
+
+from benchmarks import async_training, gpu_step
+from tests.e2e.test_main_scripts import REPO, script_env
+
+
+def args(*extra):
+    return argparse.Namespace(steps=4, batch=4, n=2, overrides=list(extra), timeout=60, h200_models=["tiny"])
+
+
+@pytest.mark.parametrize("k, mode", [(0, "sync"), (1, "colocate_async")])
+def test_the_h200_arm_composes_verls_colocated_job(tmp_path, tiny_model_dir, k, mode):
+    pytest.importorskip("verl", reason="verl is an extra")
+    overrides = gpu_step.verl_overrides(async_training.h200_job(args(), k), tiny_model_dir, tmp_path / "run")
+    proc = subprocess.run(["bash", "main_grpo.sh", *overrides, "--cfg", "job"], cwd=REPO, env=script_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["trainer"]["v1"]["trainer_mode"] == mode and cfg["trainer"]["n_gpus_per_node"] == 1
+    if k:
+        assert cfg["trainer"]["v1"]["sampler"]["max_off_policy_threshold"] == 2
+
+
+def test_without_a_gpu_the_h200_arm_is_skipped(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert async_training.h200(args(), tmp_path) == {"skipped": "no CUDA device on this machine"}
