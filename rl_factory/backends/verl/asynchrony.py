@@ -31,10 +31,11 @@ from omegaconf import DictConfig
 ASYNC_MODES = ("colocate_async", "separate_async")
 
 
-def async_values(ours: DictConfig) -> dict[str, Any]:
-    """verl key -> value for `trainer.max_staleness` and `algorithm.correction` (none: no key)."""
+def async_values(ours: Any) -> dict[str, Any]:
+    """verl key -> value for `trainer.max_staleness` and `algorithm.correction` (none: no key), from our
+    parsed config (`RunConfig`)."""
     values: dict[str, Any] = {}
-    k = int(ours.trainer.get("max_staleness", 0))
+    k = int(ours.trainer.max_staleness)
     if k > 0:
         values.update({
             "trainer.v1.trainer_mode": "colocate_async",
@@ -44,8 +45,8 @@ def async_values(ours: DictConfig) -> dict[str, Any]:
             "trainer.v1.sampler.max_off_policy_threshold": k + 1,
             "trainer.v1.sampler.max_off_policy_strategy": "wait",
         })
-    correction = ours.algorithm.get("correction")
-    if correction is not None and correction.type != "none":
+    correction = ours.algorithm.correction
+    if correction.type != "none":
         threshold = float(correction.threshold)
         values.update({
             "algorithm.rollout_correction.rollout_is": correction.level,
