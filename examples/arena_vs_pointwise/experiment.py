@@ -80,7 +80,7 @@ def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: St
     """
     run_dir = out_dir / (f"{arm}-s{seed}" if noise is None else f"{arm}-noise{noise:g}-s{seed}")
     done = run_dir.parent / f"{run_dir.name}.result.json"
-    key = {"settings": asdict(s), "judge": asdict(judge_cfg)}
+    key = {"settings": _settings_key(s), "judge": asdict(judge_cfg)}
     if done.exists():  # finished by an earlier invocation with the same settings: kept, not retrained
         kept = json.loads(done.read_text())
         if kept.pop("key", None) == key:
@@ -103,6 +103,13 @@ def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: St
               **collect(run_dir, calls, arm)}
     done.write_text(json.dumps({**result, "key": key}))
     return result
+
+
+def _settings_key(s: Settings) -> dict[str, Any]:
+    settings = asdict(s)
+    if settings["model"] == Settings.model:  # the default model is left out: keys written before it was a setting
+        settings.pop("model")
+    return settings
 
 
 def collect(run_dir: Path, calls: list[dict], arm: str) -> dict[str, Any]:
