@@ -37,6 +37,7 @@ from examples.arena_vs_pointwise.experiment import ARMS, Settings, run_arm  # no
 from examples.arena_vs_pointwise.judge_server import CONFIG, StandInConfig  # noqa: E402
 
 RESAMPLES = 2000
+MIN_SEEDS = 3  # paired seeds an arena-vs-pointwise difference needs before it is called significant
 
 
 def expected_matches(topology: str, n: int) -> int:
@@ -85,7 +86,10 @@ def advantage(by_arm: dict[str, dict[float, list[dict]]], noise: float, arm: str
     if not seeds:
         return None
     diff = bootstrap([mine[s] - base[s] for s in seeds])
-    return {"difference": diff[0], "ci": diff[1:], "significant": diff[1] > 0}
+    # Below MIN_SEEDS the interval is no interval (one seed: a point); with 3 it excludes 0 only when
+    # every seed's difference is above 0.
+    return {"difference": diff[0], "ci": diff[1:], "seeds": len(seeds),
+            "significant": diff[1] > 0 if len(seeds) >= MIN_SEEDS else None}
 
 
 def summarize(results: list[dict], exp: Settings, noises: list[float], arms: list[str]) -> dict:
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--val-limit", type=int, default=config["val_limit"])
     parser.add_argument("--model", default="builtin:tiny-calculator", help="the policy (model.path)")
     parser.add_argument("--parallel", type=int, default=config["parallel"], help="training runs at once")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="train nothing: summarize the runs under --out finished with these settings")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "arena_vs_pointwise",
                         help="run directories and runs.json")
     args = parser.parse_args(argv)
@@ -135,18 +141,21 @@ def main(argv: list[str] | None = None) -> dict:
             for arm in arms for noise in ([None] if arm == "oracle" else noises)]
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        results = list(pool.map(lambda job: run_arm(*job, exp, judge, args.out), jobs))
+        results = list(pool.map(lambda job: run_arm(*job, exp, judge, args.out, train=not args.finished_only), jobs))
+    missing = [f"{arm}-noise{noise}-s{seed}" for (arm, noise, seed), r in zip(jobs, results) if r is None]
+    results = [r for r in results if r is not None]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs.json").write_text(json.dumps({"settings": asdict(exp), "judge": asdict(judge),
                                                     "noise": noises, "runs": results}, indent=1))
-    full = (arms == config["arms"] and seeds == config["seeds"] and noises == [float(x) for x in config["noise"]]
+    full = (not missing and arms == config["arms"] and seeds == config["seeds"]
+            and noises == [float(x) for x in config["noise"]]
             and args.steps == config["steps"] and args.model == "builtin:tiny-calculator"
             and args.batch == config["train_batch_size"] and args.n == config["n"])
     return {"task": "calculator, graded quality", "model": args.model, "full_sweep": full,
             "arms_run": arms, "seeds": seeds, "n_seeds": len(seeds), "noise": noises, "steps": args.steps,
             "batch": [args.batch, args.n], "val_rows": args.val_limit,
             "judge": {f.name: getattr(judge, f.name) for f in fields(judge) if f.name not in ("noise", "seed")},
-            "runs": len(results), "wall_s": round(time.perf_counter() - started, 1),
+            "runs": len(results), "runs_missing": missing, "wall_s": round(time.perf_counter() - started, 1),
             **summarize(results, exp, noises, arms)}
 
 

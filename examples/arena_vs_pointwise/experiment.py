@@ -2,10 +2,10 @@
 
 `run_arm(arm, noise, seed, settings, judge_cfg, out_dir)` starts a stand-in judge server (judge_server.py)
 on a free localhost port, trains `bash main_grpo.sh` in a subprocess with the arm's overrides, and
-returns what the benchmark needs (also kept beside the run as `<run>.result.json`, which a later invocation
-with the same settings reuses instead of training again): the greedy policy's true quality at each validation step, the judge
-requests each training step caused (read from the server's call log, each call placed in the step whose
-rollouts asked that question), and the arena metrics.
+returns what the benchmark needs (also kept beside the run as `<run>.result.json`, which a later
+invocation with the same settings reuses instead of training again): the greedy policy's true quality at
+each validation step, the judge requests each training step caused (read from the server's call log,
+each call placed in the step whose rollouts asked that question), and the arena metrics.
 
 Arms (`ARMS`):
 - `oracle`: grpo on the true quality (`task.py:reward`); no judge.
@@ -72,8 +72,10 @@ def overrides(arm: str, base_url: str | None, run_dir: Path, seed: int, s: Setti
             "algorithm.arena.judge.api_key_env=null", f"algorithm.arena.judge.prompt={HERE}/pairwise_prompt.txt"]
 
 
-def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: StandInConfig, out_dir: Path) -> dict:
+def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: StandInConfig, out_dir: Path,
+            train: bool = True) -> dict | None:
     """Train one arm for one seed (and judge noise); returns its curves and counts (see the module docstring).
+    With `train=False`, only a finished run is read back (None when there is none).
 
     Raises:
         RuntimeError: the training run failed (its log's tail in the message).
@@ -85,6 +87,8 @@ def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: St
         kept = json.loads(done.read_text())
         if kept.pop("key", None) == key:
             return kept
+    if not train:
+        return None
     cfg = replace(judge_cfg, noise=judge_cfg.noise if noise is None else noise, seed=judge_cfg.seed + seed)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()

@@ -122,3 +122,8 @@ def test_tiny_invocation_end_to_end(tiny_model_dir, tmp_path):
     again = main(["--arms", "swiss", "--seeds", "0", "--noise", "1.0", "--steps", "1", "--batch", "2", "--n", "4",
                   "--eval-every", "1", "--val-limit", "2", "--model", str(tiny_model_dir), "--out", str(tmp_path)])
     assert again["arms"]["swiss"] == result["arms"]["swiss"]
+    # --finished-only trains nothing: a noise level never run is reported missing, not trained
+    only = main(["--arms", "swiss", "--seeds", "0", "--noise", "2.0", "--steps", "1", "--batch", "2", "--n", "4",
+                 "--eval-every", "1", "--val-limit", "2", "--model", str(tiny_model_dir), "--out", str(tmp_path),
+                 "--finished-only"])
+    assert only["runs"] == 0 and only["runs_missing"] == ["swiss-noise2.0-s0"] and only["full_sweep"] is False
