@@ -12,7 +12,7 @@ run a process of its own (`--parallel` at once), and prints one JSON line: per a
 policy's true quality at every validation step (mean and 95% bootstrap interval over seeds), the judge
 requests per training step, the tournament matches per group against the topology's schedule, and
 whether (from which noise on) an arena topology beats the pointwise judge, as a bootstrap interval of
-the seed-paired difference in final quality that excludes 0. `--out` keeps every run's record
+the seed-paired difference that excludes 0, in final quality and in mean quality over training. `--out` keeps every run's record
 (runs.json) for examples/arena_vs_pointwise/plot.py.
 """
 from __future__ import annotations
@@ -78,10 +78,17 @@ def summarize_arm(runs: list[dict], n: int, groups: int) -> dict:
     return out
 
 
-def advantage(by_arm: dict[str, dict[float, list[dict]]], noise: float, arm: str) -> dict | None:
-    """The seed-paired difference in final greedy quality, arena arm minus pointwise, with its interval."""
-    mine = {r["seed"]: r["val"][-1][1] for r in by_arm.get(arm, {}).get(noise, [])}
-    base = {r["seed"]: r["val"][-1][1] for r in by_arm.get("pointwise", {}).get(noise, [])}
+# What an arm is compared on: the greedy quality at the last step, and its mean over the validation steps
+# after step 0 (how fast it got there).
+MEASURES = {"final": lambda r: r["val"][-1][1],
+            "mean_over_training": lambda r: statistics.fmean(q for _, q in r["val"][1:])}
+
+
+def advantage(by_arm: dict[str, dict[float, list[dict]]], noise: float, arm: str, measure: str) -> dict | None:
+    """The seed-paired difference in `measure`, arena arm minus pointwise, with its interval."""
+    of = MEASURES[measure]
+    mine = {r["seed"]: of(r) for r in by_arm.get(arm, {}).get(noise, [])}
+    base = {r["seed"]: of(r) for r in by_arm.get("pointwise", {}).get(noise, [])}
     seeds = sorted(set(mine) & set(base))
     if not seeds:
         return None
@@ -100,8 +107,10 @@ def summarize(results: list[dict], exp: Settings, noises: list[float], arms: lis
                       for noise, rs in sorted(by_noise.items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
                 for arm, by_noise in by_arm.items()}
     topologies = [a for a in arms if a not in ("oracle", "pointwise")]
-    adv = {f"{noise:g}": {t: advantage(by_arm, noise, t) for t in topologies} for noise in noises}
-    appears = {t: next((float(k) for k, v in adv.items() if v[t] and v[t]["significant"]), None) for t in topologies}
+    adv = {m: {f"{noise:g}": {t: advantage(by_arm, noise, t, m) for t in topologies} for noise in noises}
+           for m in MEASURES}
+    appears = {m: {t: next((float(k) for k, v in adv[m].items() if v[t] and v[t]["significant"]), None)
+                   for t in topologies} for m in MEASURES}
     final = {arm: [v["final"][0] for v in arms_out[arm].values()] for arm in arms if arm in arms_out}
     per_step = {arm: next(iter(arms_out[arm].values()))["judge_requests_per_step"] for arm in arms
                 if arm in arms_out and arm != "oracle"}

@@ -5,7 +5,8 @@
 
 One column per judge noise level. Top: the greedy policy's true quality against the training step
 (mean over seeds, the band its 95% bootstrap interval). Bottom: the same means against the judge
-requests spent in training so far (log scale; the oracle spends none and is the dashed line on top).
+requests spent in training so far, from the first validation after step 0 (log scale; the oracle
+spends none and is the dashed line).
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def plot(runs_json: Path, out: Path) -> Path:
             if arm == "oracle":
                 bottom.axhline(mean[-1], color=color, ls=dash, lw=1, label="oracle (no judge), final")
             else:
-                calls = [max(1.0, c) for c in s["judge_requests_at_val"]]
-                bottom.plot(calls, mean, dash, color=color, label=arm, marker="o", ms=3)
+                # from the first validation after step 0 (step 0 spent nothing: no place on a log axis)
+                bottom.plot(s["judge_requests_at_val"][1:], mean[1:], dash, color=color, label=arm, marker="o", ms=3)
         top.set_title(f"judge noise {noise:g} (score points, band 2)")
         top.set_xlabel("training step")
         bottom.set_xlabel("judge requests in training (log)")
