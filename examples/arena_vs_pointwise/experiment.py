@@ -53,11 +53,12 @@ class Settings:
 
 def overrides(arm: str, base_url: str | None, run_dir: Path, seed: int, s: Settings) -> list[str]:
     """The `main_grpo.sh` arguments of one arm (the embedded default's model, tools and data)."""
+    model = base_model() if s.model == Settings.model else s.model
     common = [f"experiment_name={run_dir.name}", f"trainer.output_dir={run_dir}", f"seed={seed}",
               f"trainer.total_steps={s.steps}", f"data.train_batch_size={s.train_batch_size}", f"rollout.n={s.n}",
               f"trainer.eval_every={s.eval_every}", "trainer.save_every=0", "trainer.keep_checkpoints=1",
               "trainer.report=false", "trainer.progress=false", "trainer.resume=never",
-              f"data.val_limit={s.val_limit}", f"model.path={s.model}", "model.device=cpu", "model.num_threads=1"]
+              f"data.val_limit={s.val_limit}", f"model.path={model}", "model.device=cpu", "model.num_threads=1"]
     if arm == "oracle":
         return [*common, f"reward.function={TASK_REWARD}"]
     if arm == "pointwise":
@@ -70,6 +71,17 @@ def overrides(arm: str, base_url: str | None, run_dir: Path, seed: int, s: Setti
             f"algorithm.arena.topology={arm}", "algorithm.arena.judge.type=llm",
             f"algorithm.arena.judge.base_url={base_url}", "algorithm.arena.judge.model=standin",
             "algorithm.arena.judge.api_key_env=null", f"algorithm.arena.judge.prompt={HERE}/pairwise_prompt.txt"]
+
+
+def base_model() -> str:
+    """The seed-0 build of builtin:tiny-calculator (the project's default model), built here if missing.
+
+    Every seed starts from this one model: `seed=N` with `model.path=builtin:tiny-calculator` would build
+    a model of its own per seed (minutes of warm start each); the seed still varies data order and sampling.
+    """
+    from rl_factory.models.tiny import TinyModelConfig, ensure_tiny_model
+
+    return str(ensure_tiny_model(TinyModelConfig(seed=0)))
 
 
 def run_arm(arm: str, noise: float | None, seed: int, s: Settings, judge_cfg: StandInConfig, out_dir: Path,
