@@ -29,6 +29,7 @@ def plot(runs_json: Path, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     data = json.loads(runs_json.read_text())
     settings, noises = data["settings"], data["noise"]
@@ -59,6 +60,8 @@ def plot(runs_json: Path, out: Path) -> Path:
         top.set_xlabel("training step")
         bottom.set_xlabel("judge requests in training (log)")
         bottom.set_xscale("log")
+        bottom.xaxis.set_minor_formatter(NullFormatter())  # 2x10^2, 3x10^2, ... labels overlap
+        bottom.set_xticks([100, 200, 500, 1000, 2000], ["100", "200", "500", "1000", "2000"])
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("greedy true quality (32 val rows)")
