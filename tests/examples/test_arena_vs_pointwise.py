@@ -127,3 +127,10 @@ def test_tiny_invocation_end_to_end(tiny_model_dir, tmp_path):
                  "--eval-every", "1", "--val-limit", "2", "--model", str(tiny_model_dir), "--out", str(tmp_path),
                  "--finished-only"])
     assert only["runs"] == 0 and only["runs_missing"] == ["swiss-noise2.0-s0"] and only["full_sweep"] is False
+
+
+def test_the_verl_vllm_judge_script_parses():
+    import subprocess
+
+    done = subprocess.run(["bash", "-n", f"{HERE}/verl_vllm_judge.sh"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
