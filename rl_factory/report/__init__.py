@@ -28,6 +28,7 @@ from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.tracking import json_safe
 from rl_factory.report.data import RunData, load_run
 from rl_factory.report.figures import build_figures
+from rl_factory.report.tournaments import tournament_tables
 from rl_factory.report.trajectories import DEFAULT_MAX_TRAJECTORIES, browser_records
 
 REPORT_FILE = "report.html"
@@ -84,6 +85,7 @@ def render_report(dirs: Sequence[Path], max_trajectories: int = DEFAULT_MAX_TRAJ
         "evals": [_eval_summary(r) for r in runs if r.eval_results],
         "guard": [{**f, "run": r.name} for r in runs for f in guard_findings(r.path)],
         "figures": build_figures(runs),
+        "tournaments": tournament_tables(runs),
         "trajectories": records,
         "total": total,
     }

@@ -72,6 +72,28 @@ def test_arena_win_matrix_and_rank_stability(arena_run):
     assert stability["share of rollouts tied at rank 1"] == [0.25, 0.5, 0.75]
 
 
+def test_tournament_tables_say_who_beat_whom_per_group(arena_run):
+    tables = page_data(render_report([arena_run]))["tournaments"]
+    assert [(t["step"], t["group"]) for t in tables] == [(s, g) for s in (1, 2, 3) for g in (0, 1)]
+    last = tables[4]  # step 3, group 0: rollouts 0-2 answer right (reward 1), rollout 3 wrong; judged by reward
+    assert last["prompt"] == 30
+    assert [(p["rollout"], p["rank"], p["record"], p["reward"]) for p in last["players"]] == [
+        (0, 1, "1-0-2", 1.0), (1, 1, "1-0-2", 1.0), (2, 1, "1-0-2", 1.0), (3, 4, "0-3-0", 0.0)]
+    assert [p["vs"] for p in last["players"]] == [
+        [None, 0.5, 0.5, 1.0], [0.5, None, 0.5, 1.0], [0.5, 0.5, None, 1.0], [0.0, 0.0, 0.0, None]]
+    assert last["players"][3]["answer"] == "The answer is 0."
+    assert last["players"][0]["answer"] == "The answer is 31."
+
+
+def test_tournament_tables_leave_out_answers_of_a_group_with_missing_rollouts(arena_run):
+    rollouts = arena_run / "rollouts" / "step_000003.jsonl"
+    lines = rollouts.read_text().splitlines()
+    rollouts.write_text("\n".join(lines[1:]) + "\n")  # group 0 lost its first rollout's line
+    tables = {(t["step"], t["group"]): t for t in page_data(render_report([arena_run]))["tournaments"]}
+    assert [p["reward"] for p in tables[(3, 0)]["players"]] == [None] * 4  # no guessing which line is which
+    assert [p["reward"] for p in tables[(3, 1)]["players"]] == [1.0, 1.0, 1.0, 0.0]
+
+
 def test_browser_records_keep_tool_calls_results_and_errors(arena_run):
     records, total = browser_records([load_run(arena_run)])
     assert total == len(records) == 3 * 8 + 2 * 2
@@ -202,4 +224,21 @@ def test_the_browser_opens_on_the_last_training_step_with_groups_and_readable_ti
         chart.hover()
         title, bar = chart.locator(".gtitle").bounding_box(), chart.locator(".modebar").bounding_box()
         assert title and bar and not _boxes_overlap(title, bar), (chart.get_attribute("id"), title, bar)
+    assert errors == []
+
+
+def test_the_tournament_section_shows_the_last_step_and_switches_steps(arena_run, page):
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(write_report(arena_run).as_uri())
+    page.wait_for_selector("#tournaments table")
+    assert page.is_visible("#tournament-section") and page.input_value("#t-step") == "3"
+    rows = page.eval_on_selector_all("#tournaments table >> nth=0 >> tbody tr",
+                                     "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent))")
+    assert [r[:4] for r in rows] == [["0", "1", "0.667", "1-0-2"], ["1", "1", "0.667", "1-0-2"],
+                                     ["2", "1", "0.667", "1-0-2"], ["3", "4", "0", "0-3-0"]]
+    assert rows[0][6:] == ["·", "½", "½", "1"] and rows[3][6:] == ["0", "0", "0", "·"]
+    page.select_option("#t-step", "1")
+    assert page.locator("#tournaments table").count() == 2
+    assert page.inner_text("#tournaments p >> nth=0") == "step 1 · group 0 · prompt 10"
     assert errors == []

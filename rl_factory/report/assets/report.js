@@ -1,5 +1,6 @@
 // The report page: plotly.js charts from figure specs, and the trajectory browser (filter, list, detail).
-// Everything it needs is in the page: #report-data holds {title, runs, evals, figures, trajectories, total}.
+// Everything it needs is in the page: #report-data holds {title, runs, evals, figures, tournaments, trajectories,
+// total}.
 (function () {
   "use strict";
   var D = JSON.parse(document.getElementById("report-data").textContent);
@@ -72,6 +73,45 @@
     // the toolbar only while the pointer is over the chart: it never sits on the title of a chart being read
     Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false, displayModeBar: "hover"});
   });
+
+  // ---- tournament tables (arena runs: rankings.csv + matches.csv) ---------------------------------
+  var TT = D.tournaments || [];
+  if (TT.length) {
+    document.getElementById("tournament-section").hidden = false;
+    var tRun = document.getElementById("t-run"), tStep = document.getElementById("t-step");
+    var tRuns = [];
+    TT.forEach(function (t) { if (tRuns.indexOf(t.run) < 0) tRuns.push(t.run); });
+    tRuns.forEach(function (r) { tRun.appendChild(el("option", {value: r, text: r})); });
+    if (tRuns.length < 2) document.getElementById("l-t-run").hidden = true;
+    var fillSteps = function () {
+      tStep.textContent = "";
+      var steps = [];
+      TT.forEach(function (t) { if (t.run === tRun.value && steps.indexOf(t.step) < 0) steps.push(t.step); });
+      steps.forEach(function (s) { tStep.appendChild(el("option", {value: s, text: s})); });
+      tStep.value = steps[steps.length - 1];
+    };
+    var cellText = function (v) { return v === null || v === undefined ? "" : v === 0.5 ? "½" : fmt(v, 2); };
+    var drawTournaments = function () {
+      var box = document.getElementById("tournaments");
+      box.textContent = "";
+      TT.filter(function (t) { return t.run === tRun.value && String(t.step) === tStep.value; }).forEach(function (t) {
+        var ids = t.players.map(function (p) { return p.rollout; });
+        var header = ["rollout", "rank", "score", "record", "reward", "answer"].concat(ids.map(function (i) { return "vs " + i; }));
+        var rows = t.players.map(function (p) {
+          var cells = [p.rollout, p.rank, fmt(p.score, 3), p.record, fmt(p.reward), p.answer === null || p.answer === undefined ? "" : p.answer];
+          return cells.concat(p.vs.map(function (v, k) { return ids[k] === p.rollout ? "·" : cellText(v); }));
+        });
+        box.appendChild(el("p", {cls: "note", text: "step " + t.step + " · group " + t.group + " · prompt " + t.prompt}));
+        var tbl = table(header, rows);
+        tbl.className = "tournament";
+        box.appendChild(tbl);
+      });
+    };
+    tRun.addEventListener("change", function () { fillSteps(); drawTournaments(); });
+    tStep.addEventListener("change", drawTournaments);
+    fillSteps();
+    drawTournaments();
+  }
 
   // ---- trajectory browser --------------------------------------------------------------------------
   var $ = function (id) { return document.getElementById(id); };

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The experiment's arena arm on the verl backend, its pairwise judge served by a second vLLM process on the
+# same GPU: the judge path (rewards/judge.py -> rewards/chat.py -> vLLM's OpenAI server) under a training
+# job's load. Needs one GPU and the verl backend (bash setup.sh --verl).
+#
+#   bash examples/arena_vs_pointwise/verl_vllm_judge.sh [JUDGE_MODEL] [main_grpo.sh overrides ...]
+#
+# JUDGE_MODEL: a model directory vLLM loads offline; default the builtin tiny model (built here if needed).
+# The tiny model writes calculator answers, not verdicts: its replies are counted as judge failures
+# (arena/judge_failures; on_judge_failure=tie, no retries), so with it the run measures requests, latency and
+# failures under load, not judging. A chat model that follows pairwise_prompt.txt gives verdicts.
+# Prints one JSON line: per step the arena requests, failures, ties and arena seconds; the judge's own count.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-outputs/arena_vllm_judge}
+PORT=${JUDGE_PORT:-8020}
+JUDGE=${1:-}
+[ $# -gt 0 ] && shift
+if [ -z "$JUDGE" ]; then
+  JUDGE=$($PY -c "from rl_factory.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")
+fi
+mkdir -p "$OUT"
+# The judge: a second vLLM process with a small, fixed share of the GPU beside verl's own rollout engine.
+$PY -m vllm.entrypoints.openai.api_server --model "$JUDGE" --served-model-name judge --port "$PORT" \
+    --gpu-memory-utilization 0.08 --max-model-len 2048 --max-num-seqs 64 > "$OUT/judge.log" 2>&1 &
+judge_pid=$!
+trap 'kill $judge_pid 2>/dev/null; wait $judge_pid 2>/dev/null' EXIT
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && break
+  kill -0 $judge_pid 2>/dev/null || { tail -30 "$OUT/judge.log" >&2; exit 1; }
+  sleep 1
+done
+curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null || { echo "the judge did not start in 300 s" >&2; exit 1; }
+
+bash main_grpo.sh experiment_name=arena_vllm_judge trainer.output_dir="$OUT/run" trainer.backend=verl \
+     trainer.n_gpus_per_node=1 trainer.total_steps=6 trainer.eval_every=3 data.train_batch_size=16 rollout.n=8 \
+     reward.function=examples/arena_vs_pointwise/task.py:reward algorithm.advantage=arena \
+     algorithm.arena.topology=swiss algorithm.arena.on_judge_failure=tie algorithm.arena.judge.type=llm \
+     algorithm.arena.judge.base_url="http://127.0.0.1:$PORT/v1" algorithm.arena.judge.model=judge \
+     algorithm.arena.judge.api_key_env=null algorithm.arena.judge.max_retries=0 \
+     algorithm.arena.judge.max_concurrency=32 algorithm.arena.judge.max_tokens=64 \
+     algorithm.arena.judge.prompt=examples/arena_vs_pointwise/pairwise_prompt.txt \
+     actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" 2>&1 | tee "$OUT/train.log"
+
+$PY - "$OUT" "$JUDGE" "$PORT" <<'PY'
+import json, sys, urllib.request
+from pathlib import Path
+out, judge, port = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lines = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+steps = [m for m in lines if "arena/judge_requests" in m]
+keys = ("arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/arena_s", "timing/step_s")
+metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+served = sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:request_success_total"))
+print(json.dumps({"bench": "arena_vllm_judge", "judge_model": judge, "steps": len(steps),
+                  "per_step": {k: [m.get(k) for m in steps] for k in keys}, "judge_served_requests": served}))
+PY
