@@ -52,6 +52,7 @@ print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.slow  # two subprocesses touching 192 MiB each
 def test_a_warmed_heap_serves_the_first_big_step_without_page_faults():
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_",
                                                              "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")}
