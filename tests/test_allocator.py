@@ -31,6 +31,7 @@ def _run(env_extra: dict) -> list[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.slow  # two subprocesses that import torch
 def test_big_blocks_come_from_the_heap_unless_the_user_set_glibc():
     # set: the 64 MB tensor is no separate mapping (hblkhd counts mmapped bytes)
     assert _run({}) == ["True", "True", "False"]

@@ -1,4 +1,4 @@
-"""The tiers' guard (tests/tiers.py), as installed in this very session: it sees a launch script or a finished
+"""The tiers' guard (tests/tiers.py), as this test run installed it: it sees a launch script or a finished
 training run in a test that is not marked slow, and leaves the rest alone."""
 import asyncio
 import subprocess
@@ -72,7 +72,7 @@ def test_the_trainer_is_watched_even_where_a_test_module_imported_it_at_collecti
 
 
 def test_the_fixture_rule_marks_what_uses_a_slow_fixture_and_the_model(request):
-    """Over this session's collected tests: a test that uses a SLOW_FIXTURES fixture is slow, one that uses the
+    """Over the tests this run collected: a test that uses a SLOW_FIXTURES fixture is slow, one that uses the
     built model is `model`, and the marks came from tests/tiers.py, whatever `-m` left in."""
     for item in request.session.items:
         names = set(item.fixturenames)

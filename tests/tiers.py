@@ -7,8 +7,8 @@
   run a launch script or a training run, build a model of their own, or take seconds each by measurement;
 - or it uses a fixture of SLOW_FIXTURES (directly or through another fixture): set here, at collection.
 
-A test that uses the session's built tiny model (`tiny_model_dir`, directly or through `tokenizer` or another
-fixture) is also marked `model`, so `-m "not model"` runs without building it.
+A test that uses the tiny model built once per test run (`tiny_model_dir`, directly or through `tokenizer` or
+another fixture) is also marked `model`, so `-m "not model"` runs without building it.
 
 The guard: while a test that is not `slow` runs (its fixtures included), starting a launch script
 (`main_grpo.sh`, `main_eval.sh`, `python -m rl_factory.cli train|eval`) or a training run that returns
