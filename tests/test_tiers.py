@@ -73,8 +73,10 @@ def test_the_trainer_is_watched_even_where_a_test_module_imported_it_at_collecti
 
 def test_the_fixture_rule_marks_what_uses_a_slow_fixture_and_the_model(request):
     """Over the tests this run collected: a test that uses a SLOW_FIXTURES fixture is slow, one that uses the
-    built model is `model`, and the marks came from tests/tiers.py, whatever `-m` left in."""
+    built model is `model`; under `-m "not slow"` no slow test is left (the marks come before `-m` deselects)."""
+    fast_tier = request.config.option.markexpr == "not slow"
     for item in request.session.items:
+        assert not (fast_tier and item.get_closest_marker("slow")), f"{item.nodeid} is slow yet left in"
         names = set(item.fixturenames)
         if names.intersection(tiers.SLOW_FIXTURES):
             assert item.get_closest_marker("slow"), item.nodeid
