@@ -30,7 +30,6 @@ import collections
 import gc
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from rl_factory.chat import ChatFormat  # noqa: E402
 from rl_factory.engines.base import SamplingParams  # noqa: E402
 from rl_factory.engines.scripted import ScriptedEngine  # noqa: E402
 from rl_factory.rollout import Agent, RolloutConfig  # noqa: E402
+from tests.fakes.net import free_port, wait_for_port  # noqa: E402
 
 SERVER = ROOT / "benchmarks" / "servers" / "soak_server.py"
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
@@ -91,7 +91,8 @@ async def soak(args: argparse.Namespace) -> dict:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for transport, port in (("streamable-http", http_port), ("sse", sse_port))]
     try:
-        await wait_for_ports(http_port, sse_port)
+        for port in (http_port, sse_port):
+            await wait_for_port(port)
         stdio = {"command": "python", "args": [str(SERVER)], "timeout_s": args.timeout_s, "prefix": True,
                  "restart": {"backoff_s": 0.05, "max_backoff_s": 0.5}}
         manifest = {"mcpServers": {
@@ -242,26 +243,6 @@ def descendants(pid: int) -> list[int]:
 def rss_mib() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_for_ports(*ports: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for port in ports:
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
 
 
 async def load_tokenizer(path: str | None):

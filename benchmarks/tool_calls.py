@@ -23,7 +23,6 @@ import contextlib
 import datetime
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from benchmarks.record import emit  # noqa: E402
 
 from envs import ToolEnv, ToolLimits  # noqa: E402
 from rl_factory.types import ToolCall, ToolResult  # noqa: E402
+from tests.fakes.net import free_port, wait_for_port  # noqa: E402
 
 SERVER = Path(__file__).resolve().parent / "servers" / "latency_server.py"
 RUN_FIELDS = ["throughput_vs_ideal", "overhead_p50_ms", "net_overhead_p50_ms", "burst_wall_s_median"]
@@ -184,30 +184,15 @@ async def server_entry(args: argparse.Namespace) -> AsyncIterator[dict]:
         flags = ["--sdk-stdio"] if args.sdk_stdio_server else []
         yield {"command": "python", "args": [str(SERVER), *flags], **knobs}
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(SERVER), "--transport", "streamable-http",
                              "--port", str(port)], stderr=subprocess.DEVNULL)
     try:
-        await _wait_for_port(port)
+        await wait_for_port(port)
         yield {"url": f"http://127.0.0.1:{port}/mcp", **knobs}
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-async def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
 
 
 if __name__ == "__main__":

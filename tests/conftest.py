@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the repo root on sys.path, a private model cache, and one tiny model.
+"""Session-wide fixtures: the repo root on sys.path, a private model cache, one tiny model and its tokenizer,
+anyio's backend; the test tiers' hooks (tests/tiers.py: the `slow` and `model` marks and their guard).
 
 `tiny_model_dir` builds a quick (few-step warm start) embedded model once per session, with the
 calculator's real tool schemas, obtained by starting the real calculator MCP server. Tests that
@@ -21,6 +22,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+from tests import tiers  # noqa: E402
 
 CALCULATOR_MANIFEST = REPO_ROOT / "configs" / "tools" / "calculator.yaml"
 
@@ -82,6 +85,20 @@ def tiny_model_dir(tmp_path_factory, calculator_tools) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer (loaded once per worker; no test changes it)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    # anyio's pytest plugin runs `@pytest.mark.anyio` tests (on asyncio only, not also on trio); module
+    # scope lets a module-scoped async fixture (one started ToolEnv) serve every test of a module.
+    return "asyncio"
+
+
 # ---- pytest-xdist: which tests go together to one worker, and in what order ---------------------
 
 # The files that use tests/backends' local Ray (its package-scoped `ray_cluster`): one unit of work,
@@ -103,7 +120,29 @@ def _work_unit(nodeid: str) -> str:
     return RAY_UNIT if path in RAY_FILES else path
 
 
+def pytest_configure(config):
+    tiers.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    tiers.enter(item)
+    try:
+        return (yield)
+    finally:
+        tiers.enter(None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    tiers.check(item)
+    return result
+
+
+@pytest.hookimpl(tryfirst=True)  # the markers first, so that `-m` deselects by them
 def pytest_collection_modifyitems(config, items):
+    tiers.mark_tiers(items)
     # A stable sort: each unit stays contiguous and in its own order.
     rank = {scope: i for i, scope in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))

@@ -31,6 +31,7 @@ def _run(env_extra: dict) -> list[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.slow  # two subprocesses that import torch
 def test_big_blocks_come_from_the_heap_unless_the_user_set_glibc():
     # set: the 64 MB tensor is no separate mapping (hblkhd counts mmapped bytes)
     assert _run({}) == ["True", "True", "False"]
@@ -52,6 +53,7 @@ print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.slow  # two subprocesses touching 192 MiB each
 def test_a_warmed_heap_serves_the_first_big_step_without_page_faults():
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_",
                                                              "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")}

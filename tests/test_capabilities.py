@@ -128,6 +128,7 @@ def test_every_embedded_limit_is_refused_in_one_form(tmp_path, token_level_estim
     assert missing == [], f"no case refuses {missing}"
 
 
+@pytest.mark.slow  # composes verl's config once per limit (~10 s)
 def test_every_verl_limit_is_refused_in_one_form(tmp_path, capsys):
     pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
     hit = set()

@@ -16,17 +16,6 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n
 MANIFEST = Path(__file__).resolve().parent.parent / "configs" / "tools" / "calculator.yaml"
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def test_last_turns_keeps_system_task_and_last_k_turns():
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     for k in range(3):

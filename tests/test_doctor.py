@@ -14,6 +14,8 @@ from rl_factory.doctor import FAIL, PASS, SKIP, run_doctor
 from rl_factory.models.tiny import CHAT_TEMPLATE
 from tests.e2e.test_main_scripts import REPO, run_script, script_env
 
+pytestmark = pytest.mark.slow  # --doctor through the launch scripts, the built model's checks (~10 s a test)
+
 # As DeepSeek-R1-style templates do: an earlier assistant turn is rendered without its <think> block.
 DROPS_PAST_THINKING = CHAT_TEMPLATE.replace(
     "{%- for message in messages %}",

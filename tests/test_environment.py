@@ -38,17 +38,6 @@ PLAY = [{"role": "user", "content": "Let's play."}]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 class Guess:
     """Higher / lower until the guess is the target; the state says how it went."""
 

@@ -8,6 +8,9 @@ from rl_factory.engines.base import SamplingParams
 from rl_factory.engines.hf import HFEngine
 from rl_factory.policy import ModelConfig, load_policy
 from tests.e2e.test_main_scripts import marked_manifest, metrics_lines, run_script, tiny_overrides  # noqa: F401
+import pytest
+
+pytestmark = pytest.mark.slow  # LoRA training runs that save, evaluate and resume
 
 
 def _teacher_forced(policy, prompt, generated):

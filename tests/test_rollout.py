@@ -29,21 +29,10 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=64)
 
 
 @pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def env():
     async with ToolEnv.from_manifest(CALCULATOR_MANIFEST) as tool_env:
         await tool_env.list_tools()  # servers start lazily; the tests read env.tools
         yield tool_env
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 class RecordingEngine:

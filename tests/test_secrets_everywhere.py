@@ -16,6 +16,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+pytestmark = pytest.mark.slow  # the CLI and the launch scripts in subprocesses
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-proj-" + "5e0c3b9d1a7f42"
 VAR = "RLF_EVERYWHERE_API_KEY"

@@ -4,6 +4,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # benchmarks/soak.py: hundreds of rollouts against faulty servers
 
 ROOT = Path(__file__).resolve().parents[1]
 

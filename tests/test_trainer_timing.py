@@ -8,6 +8,9 @@ import json
 
 from rl_factory.config import load_config
 from rl_factory.trainer import train
+import pytest
+
+pytestmark = pytest.mark.slow  # a training run, timed by phase
 
 # A reward that notes, each time it scores, how many objects are frozen out of garbage collection.
 RECORDING_REWARD = """import gc

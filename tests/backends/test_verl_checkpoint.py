@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a verl checkpoint converted and evaluated by main_eval.sh
+
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 ROOT = Path(__file__).resolve().parents[2]

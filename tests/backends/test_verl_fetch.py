@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # verl's FSDP engine and the local Ray on the built model
+
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 ray = pytest.importorskip("ray")
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # verl's FSDP engine on the built model, in a subprocess
+
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 

@@ -18,6 +18,8 @@ import pytest
 import torch
 import yaml
 
+pytestmark = pytest.mark.slow  # main_grpo.sh with the verl backend
+
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 
 from omegaconf import OmegaConf  # noqa: E402

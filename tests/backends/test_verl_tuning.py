@@ -117,6 +117,7 @@ def test_a_trl_that_verls_workers_cannot_import_from_is_refused_before_ray_start
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+@pytest.mark.slow  # runs main_grpo.sh
 def test_a_model_too_large_for_the_gpus_stops_the_launch_with_one_line(tmp_path):
     """Only config.json is needed: the plan counts parameters on the meta device."""
     import os
@@ -204,6 +205,7 @@ def test_replicas_are_gpus_over_a_replicas_size_and_share_the_steps_trajectories
     (["--gpus", "2", "--tp", "2", "--batch", "32"], 1, 256),  # one replica over both GPUs
     (["--gpus", "2", "--tp", "1"], 2, 64),                    # the same 16 x 8 over two replicas
 ])
+@pytest.mark.slow  # composes verl's config, per case
 def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, monkeypatch, argv, replicas, top_graph):
     """benchmarks/gpu_step.py's exact overrides, composed as main_grpo.sh does, planned for an H200."""
     pytest.importorskip("verl")

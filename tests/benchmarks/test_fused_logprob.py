@@ -27,6 +27,7 @@ def test_torch_kernel_matches_plain_log_softmax_and_triton_failure_is_reported(c
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.slow  # the benchmark in a subprocess (imports torch and triton)
 def test_no_gpu_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--tokens", "8"], capture_output=True, text=True)
     assert proc.returncode == 2

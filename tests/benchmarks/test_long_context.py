@@ -11,6 +11,8 @@ import pytest
 from benchmarks import long_context
 from benchmarks.gpu_step import verl_overrides
 
+pytestmark = pytest.mark.slow  # main_grpo.sh composing a verl job
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

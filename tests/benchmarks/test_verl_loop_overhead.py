@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the verl loop-overhead benchmark's runs (~40 s)
+
 pytest.importorskip("verl", reason="verl is an extra: bash setup.sh --dev (verl-cpu)")
 pytest.importorskip("ray")
 

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from tests import tiers
 from tests.docs.markdown import REPO, Command, bash_blocks, commands, program
 
 BLOCKS = bash_blocks()
@@ -105,6 +106,7 @@ def _compose(mode: str, overrides: list[str]) -> str | None:
     return None
 
 
+@pytest.mark.slow  # composes every documented command's config, verl's too (~15 s)
 def test_every_override_in_the_docs_is_a_config_key(monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -151,7 +153,8 @@ def _kind(c: Command) -> tuple[str, ...]:
 RUNNABLE = list({_kind(c): c for c in reversed(COMMANDS) if _runnable(c)}.values())
 
 
-@pytest.mark.parametrize("command", RUNNABLE, ids=lambda c: c.where[:80])
+@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if tiers.launches(c.text) else c
+                                     for c in RUNNABLE], ids=lambda c: c.where[:80])
 def test_the_cheap_commands_run_as_written(command):
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["HF_HUB_OFFLINE"] = "1"

@@ -9,6 +9,8 @@ import pytest
 from tests.docs.markdown import INLINE_CODE, REPO
 from tests.e2e.test_main_scripts import run_script, tiny_overrides
 
+pytestmark = pytest.mark.slow  # a training run through main_grpo.sh (a module fixture)
+
 MANIFEST = REPO / "configs" / "tools" / "calculator.yaml"
 
 

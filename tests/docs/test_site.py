@@ -20,6 +20,8 @@ from docsgen.config_reference import FILES, leaf_paths
 from tests.browser import chromium
 from tests.docs.markdown import REPO, links
 
+pytestmark = pytest.mark.slow  # builds the site (mkdocs --strict) and drives chromium
+
 pytest.importorskip("mkdocs", reason="the docs site needs .[docs] (bash setup.sh --dev)")
 
 MKDOCS_ENV = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}  # a plugin's banner, not ours

@@ -7,6 +7,8 @@ import pytest
 from tests.e2e.test_main_scripts import (calculator_pids, marked_calculator_manifest, metrics_lines, no_server_left,
                                          run_script, tiny_overrides)
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 N = 4  # rollouts per prompt: a round robin of 6 matches per group
 
 

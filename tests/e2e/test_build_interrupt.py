@@ -15,6 +15,8 @@ import pytest
 
 from tests.e2e.test_main_scripts import REPO, SCRIPT_TIMEOUT_S, script_env, wait_until
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 CHEAP_BUILD = """
 import os, sys, time
 from pathlib import Path

@@ -11,6 +11,8 @@ from tests.compat_fixtures import DATA_SOURCE, VERL_REWARD, write_verl_parquet
 from tests.e2e.test_main_scripts import (REPO, calculator_pids, marked_calculator_manifest, metrics_lines,
                                          no_server_left, run_script, tiny_overrides)
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 
 def test_verl_data_and_reward_train_two_steps_on_the_embedded_backend(tiny_model_dir, tmp_path, monkeypatch):
     log = tmp_path / "reward_calls.jsonl"

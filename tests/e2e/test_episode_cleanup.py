@@ -16,6 +16,8 @@ import yaml
 
 from tests.e2e.test_main_scripts import MARKER_VAR, REPO, SCRIPT_TIMEOUT_S, script_env, tiny_overrides, wait_until
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 HANGING_REWARD = """\
 import asyncio
 

@@ -18,6 +18,8 @@ from tests.browser import chromium
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          script_env, strict_json, tiny_overrides)
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import pytest
 from rl_factory.tracking import Tracker, TrackingError
 from tests.e2e.test_main_scripts import REPO, run_script, script_env, tiny_overrides
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 # The README and every docs page: the commands a new user copies.
 README = "\n".join(path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
 

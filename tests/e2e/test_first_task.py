@@ -15,6 +15,8 @@ import pytest
 from rl_factory.models.tiny import built_dir
 from tests.e2e.test_main_scripts import REPO, script_env
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 SPEED = ["model.device=cpu", "data.train_batch_size=2", "rollout.n=2", "rollout.max_response_tokens=32",
          "trainer.output_dir=run"]  # relative: the caller's directory
 

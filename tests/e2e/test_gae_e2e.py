@@ -4,6 +4,9 @@ import torch
 
 from tests.e2e.test_main_scripts import (marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          strict_json, tiny_overrides)
+import pytest
+
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
 
 def test_gae_run_evaluates_and_resumes_with_its_value_head(tiny_model_dir, tmp_path):

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 REPO = Path(__file__).resolve().parents[2]
 MARKER_VAR = "RL_FACTORY_TEST_RUN"
 SCRIPT_TIMEOUT_S = 180

@@ -15,6 +15,8 @@ from tests.e2e.test_reward_e2e import data_with_ids
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          tiny_overrides)
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 PIPELINE = ["rollout.filters=[zero_variance]", "rollout.dynamic_sampling.min_groups=2",
             "rollout.dynamic_sampling.max_rounds=3", "rollout.augment=[per_turn]"]
 

@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 from rl_factory.tracking import WALL_CLOCK_PREFIXES, reproducible_metrics
 from tests.e2e.test_main_scripts import marked_calculator_manifest, run_script, tiny_overrides
 
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
+
 
 PARITY_REWARD = "def reward(completion, **_):\n    return float(len(completion) % 2)\n"
 

@@ -3,6 +3,9 @@ import json
 
 from tests.e2e.test_main_scripts import (calculator_pids, marked_calculator_manifest, metrics_lines, no_server_left,
                                          run_script, tiny_overrides)
+import pytest
+
+pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
 BROKEN = "def reward(completion, answer):\n    raise ValueError(f'cannot grade {answer!r}')\n"
 

@@ -10,7 +10,6 @@ Helpers are handed out as fixtures (not imported from here), as in tests/envs.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.fakes.net import free_port
 
 DEFAULT_IDS = [11, 12, 13, 2]
 DEFAULT_LOGPROBS = [-0.25, -1.5, -0.125, -0.0625]
@@ -75,12 +76,6 @@ class FakeServer:
         return JSONResponse({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def serve(server: FakeServer) -> tuple[uvicorn.Server, asyncio.Task]:
     """Start `server` in this event loop; returns once it accepts connections."""
     config = uvicorn.Config(server.app, host="127.0.0.1", port=server.port, log_level="warning",
@@ -97,11 +92,6 @@ async def serve(server: FakeServer) -> tuple[uvicorn.Server, asyncio.Task]:
 async def shutdown(runner: uvicorn.Server, task: asyncio.Task) -> None:
     runner.should_exit = True
     await task
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture

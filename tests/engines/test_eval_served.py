@@ -2,13 +2,14 @@
 import json
 import re
 
-from transformers import AutoTokenizer
+import pytest
 
 from rl_factory.cli import main
 
+pytestmark = pytest.mark.slow  # an eval run (main_eval.sh's code, in this process) on the built model
 
-def test_eval_against_a_served_model(tiny_model_dir, tmp_path, threaded_server, completion):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+def test_eval_against_a_served_model(tiny_model_dir, tokenizer, tmp_path, threaded_server, completion):
     server = threaded_server()
 
     def answer(body: dict) -> dict:  # a "model" that answers every question right, without tools

@@ -23,17 +23,6 @@ QUESTIONS = ["What is 3 + 4?", "What is 347 * 29?", "Please compute 1234 + 5678 
 
 
 @pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

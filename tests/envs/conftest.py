@@ -1,4 +1,4 @@
-"""Shared fixtures for the envs tests: manifests in tmp dirs, the fake slow server, the event loop.
+"""Shared fixtures for the envs tests: manifests in tmp dirs, the fake slow and fault servers.
 
 Helpers are handed out as fixtures (not imported from here) so that test modules do not depend
 on how pytest names this conftest module.
@@ -13,13 +13,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Lets `pytest tests/envs` import `envs` before the project is pip-installed.
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-
-
-@pytest.fixture(scope="module")
-def anyio_backend():
-    # anyio's pytest plugin runs `@pytest.mark.anyio` tests; module scope lets one started
-    # ToolEnv serve all the tests of a module.
-    return "asyncio"
 
 
 @pytest.fixture(scope="session")

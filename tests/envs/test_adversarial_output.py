@@ -171,12 +171,6 @@ async def _call_batch(calls):
         return await env.call_batch(calls)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 async def rollout(tokenizer, script, limits=None, **cfg):
     async with ToolEnv.from_manifest(FUNCTION_TOOLS, limits=limits) as env:
         tools = await env.list_tools()

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the tools CLI in subprocesses (its documented commands run in tests/docs/test_commands.py)
+
 
 @pytest.fixture
 def cli(tmp_path, repo_root):

@@ -22,7 +22,7 @@ from envs import ToolEnv
 from envs.manifest import load_manifest
 from rl_factory.types import ToolCall
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # third-party servers (npm's, PyPI's), some through the CLI
 SERVERS = Path(__file__).resolve().parents[1] / "servers"
 TIME_BIN = SERVERS / ".venv-time" / "bin" / "mcp-server-time"
 EVERYTHING_JS = SERVERS / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"

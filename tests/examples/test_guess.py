@@ -16,7 +16,7 @@ from rl_factory.models.guess import (HIGHER, LOWER, GuessModelConfig, build_gues
                                      ensure_guess_model, games, invalid_text, prompt_text)
 from rl_factory.types import Trajectory, Turn
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # builds the guess model (a module fixture) and trains on it
 ROOT = Path(__file__).resolve().parents[2]
 GUESS = ROOT / "examples" / "guess"
 # A few seconds' build: enough games and steps for the format (a number, then end of turn), no skill.
@@ -26,11 +26,6 @@ EXAMPLE = ["env.tools=null", f"env.environment={GUESS / 'environment.py'}:GuessE
            f"data.train_files={GUESS / 'data' / 'train.jsonl'}", f"data.val_files={GUESS / 'data' / 'val.jsonl'}",
            f"reward.function={GUESS / 'reward.py'}:reward", "reward.success_threshold=0.1",
            "rollout.max_response_tokens=8", "optim.lr=5e-4", "algorithm.loss_agg=seq_mean_token_mean"]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

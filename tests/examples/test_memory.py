@@ -35,11 +35,6 @@ ROWS = [{"messages": [{"role": "user", "content": "Remember this: Ada Quill play
 
 
 @pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 def installed():
     if not (SERVERS / "node_modules" / "@modelcontextprotocol" / "server-memory").is_dir():
         pytest.fail("server-memory is not installed: bash tests/servers/install.sh")
@@ -83,10 +78,7 @@ async def roll_out(tokenizer, scope: str):
     return [g.trajectories[0] for g in groups]
 
 
-async def test_trajectories_cannot_see_each_others_memory(installed, tiny_model_dir, tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+async def test_trajectories_cannot_see_each_others_memory(installed, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where ${episode.dir} directories are made
     writer, reader = await roll_out(tokenizer, "episode")
     assert writer.tool_results[0].ok and writer.reward == 1.0  # its own graph holds the fact

@@ -30,11 +30,6 @@ CALL = '<tool_call>\n{{"name": "run_sql", "arguments": {{"sql": "{sql}"}}}}\n</t
 
 
 @pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("sql")
     prepare(["--out-dir", str(out), "--n-train", "6", "--n-val", "2"])
@@ -57,10 +52,8 @@ def test_every_sample_has_its_own_real_sqlite_database(data, tmp_path):
     assert [(r["prompt"], r["expected"]) for r in again] == [(r["prompt"], r["expected"]) for r in rows]
 
 
-async def test_the_reward_reads_each_trajectorys_own_copy(data, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+@pytest.mark.slow  # per-episode database copies and servers (~8 s)
+async def test_the_reward_reads_each_trajectorys_own_copy(data, tokenizer):
     rows = load_dataset(data / "train.jsonl")[:2]
     files = {r["db_path"]: digest(r["db_path"]) for r in rows}
     started: dict[str, int] = {}
@@ -106,6 +99,7 @@ def test_two_training_steps_on_the_embedded_default(data, two_steps):
     assert lines[0]["val/reward/tool_calls"] == 2
 
 
+@pytest.mark.slow  # waits out a statement's time limit
 async def test_a_runaway_statement_is_stopped_and_a_huge_value_refused(data):
     from rl_factory.types import ToolCall
 

@@ -1,4 +1,5 @@
-"""Loopback helpers for tests that start servers: a free port, and waiting until one listens."""
+"""Loopback helpers for the tests and benchmarks that start servers: a free port, and waiting until one
+listens. The one copy: tests/engines, tests/envs and benchmarks/{soak,tool_calls}.py import it."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
+async def wait_for_port(port: int, timeout_s: float = 30.0) -> None:
+    """Return once 127.0.0.1:`port` accepts a connection; after `timeout_s`, raise the last refusal."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

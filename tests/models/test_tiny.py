@@ -8,6 +8,9 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rl_factory.models.tiny import SPECIAL_TOKENS, TAG_TOKENS, build_tokenizer
+import pytest
+
+pytestmark = pytest.mark.slow  # builds models of its own
 
 REPO = Path(__file__).resolve().parents[2]
 

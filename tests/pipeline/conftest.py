@@ -29,11 +29,6 @@ MARKER = re.compile(r"\(([a-z])\) ")
 
 
 @pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def env():
     manifest = {"mcpServers": {
         "calculator": {"command": "python", "args": ["-m", "envs.servers.calculator"]},
@@ -43,12 +38,6 @@ async def env():
     async with ToolEnv.from_manifest(manifest) as tool_env:
         await tool_env.list_tools()
         yield tool_env
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 class PlanEngine:
