@@ -31,7 +31,7 @@ from decimal import Decimal
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, ChatClient, fill_template, json_objects, load_template
-from rewards.judge import NO_PATH, final_answer, render_path
+from rewards.pairwise import NO_PATH, final_answer, render_path
 
 DEFAULT_RUBRIC = """\
 You are grading an AI agent's answer to a user request; the agent may have called tools.
