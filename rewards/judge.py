@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rewards.chat import ChatClient, JudgeError, json_objects  # noqa: F401  (JudgeError: public here too)
+from rewards.chat import ChatClient, json_objects
 from rewards.pairwise import (  # noqa: F401  (their public home is here too)
     DEFAULT_PROMPT,
     NO_PATH,
@@ -40,6 +40,7 @@ from rewards.pairwise import (  # noqa: F401  (their public home is here too)
     render_path,
     render_prompt,
 )
+from rl_factory.judging import JudgeError, PairwiseJudge  # noqa: F401  (JudgeError: public here too)
 from rl_factory.registry import Registry
 
 
@@ -74,7 +75,7 @@ JUDGES: Registry[Callable[..., Any]] = Registry("judge type")
 register_judge = JUDGES.register
 
 
-def build_judge(cfg: JudgeConfig, reward_fn: Any = None) -> Any:
+def build_judge(cfg: JudgeConfig, reward_fn: Any = None) -> PairwiseJudge:
     """The judge `cfg.type` names; `reward_fn` is the run's reward (used by `type: reward`)."""
     return JUDGES.lookup(cfg.type)(cfg, reward_fn)
 

@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewards.chat import CACHE_SIZE, JudgeError, fill_template, load_template
+from rewards.chat import CACHE_SIZE, fill_template, load_template
 from rl_factory.guard import passes_through
+from rl_factory.judging import JudgeError
 
 DEFAULT_PROMPT = """\
 You are comparing two AI agents that answered the same user request, possibly by calling tools.

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from rewards.judge import JudgeError
 from rl_factory.errors import UserError
+from rl_factory.judging import JudgeError
 from rl_factory.registry import Registry
 
 JudgeFn = Callable[[int, int], Awaitable[float]]
