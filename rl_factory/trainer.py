@@ -31,7 +31,7 @@ from rl_factory import capabilities
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.algorithms.advantages import assign_advantages, get_advantage, required_inputs
-from rl_factory.algorithms.group_arena import GroupArena
+from rl_factory.group_arena import GroupArena
 from rl_factory.algorithms.losses import get_policy_loss
 from rl_factory.components import (DataConfig, EnvConfig, RewardConfig, SamplingConfig, build_agent,
                                    check_reward_columns, closing_engine, load_rows, open_env)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Literal
 import torch
 
 from rl_factory import capabilities
-from rl_factory.algorithms.group_arena import ArenaConfig
+from rl_factory.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig, value_loss
 from rl_factory.errors import UserError

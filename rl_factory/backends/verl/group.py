@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from rewards.combine import RewardConfig
 from rewards.scorer import build_scorer
 from rl_factory import capabilities
-from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
+from rl_factory.group_arena import ArenaConfig, GroupArena
 from rl_factory.config import section
 from rl_factory.types import Group, Trajectory
 
