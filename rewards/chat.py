@@ -67,7 +67,7 @@ class ChatClient:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         if key:
             # an endpoint may echo it (an error page, a reply) into what we log and write: mask it everywhere
-            from envs.secrets import protect
+            from rl_factory.secrets import protect
 
             protect([key], replacement=f"${{oc.env:{self.api_key_env}}}")
         return {"Authorization": f"Bearer {key}"} if key else {}
