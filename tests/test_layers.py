@@ -122,9 +122,8 @@ def script_imports() -> list[Import]:
 def test_the_scan_sees_the_imports():
     # A scan that silently found nothing would pass every rule below.
     assert len(project_modules()) > 100
-    seen = {(i.source, i.target) for i in all_imports()}
-    assert ("envs.tool_env", "rl_factory.types") in seen
-    assert ("rl_factory.algorithms.arena", "rl_factory.algorithms.topologies") in seen
+    assert any(under(i.source, ("envs",)) and under(i.target, BASE) for i in all_imports())
+    assert any(under(i.source, ("rl_factory.trainer",)) and under(i.target, ("rewards",)) for i in all_imports())
     assert any(i.deferred for i in all_imports())
 
 
