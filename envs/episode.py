@@ -30,17 +30,37 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from envs.episode_servers import EPISODE_DIR_PREFIX, EpisodeServer
 from envs.mcp_client import ToolEnvError
 from envs.templates import EpisodeVars, TemplateError, fill, needs_dir
 from rl_factory.types import ToolCall, ToolResult
 
-if TYPE_CHECKING:
-    from envs.tool_env import ToolEnv
-
 logger = logging.getLogger(__name__)
+
+
+class EpisodeHost(Protocol):
+    """What an episode uses of the run-wide env (`envs.tool_env.ToolEnv` is the one host). Named here as a
+    protocol so that tool_env imports episode and episode imports nothing that imports it back."""
+
+    environment: Any  # env.environment's factory, or None
+    episode_stats: EpisodeStats
+    _episodes: set[Episode]
+    _episode_servers: list[EpisodeServer]
+    _routes: dict[str, Any]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]: ...
+    @property
+    def tool_names(self) -> list[str]: ...
+    def server_of(self, tool_name: str) -> str | None: ...
+    def _later(self, teardown: Any) -> None: ...
+    async def _ensure_started(self) -> None: ...
+    async def _call_batch(self, calls: Sequence[ToolCall], routes: dict | None, fills: dict | None
+                          ) -> list[ToolResult]: ...
+    async def _call_routed(self, call: ToolCall, routes: dict | None, fills: dict | None,
+                           record: bool = True) -> ToolResult: ...
 
 
 class EpisodeError(RuntimeError):
@@ -50,7 +70,7 @@ class EpisodeError(RuntimeError):
 class Episode:
     """The handle a trajectory owns: `call_batch`, `call`, `tools`, `environment`, `state`, `close`."""
 
-    def __init__(self, env: ToolEnv, sample: dict, routes: dict, fills: dict[str, dict],
+    def __init__(self, env: EpisodeHost, sample: dict, routes: dict, fills: dict[str, dict],
                  instances: list[tuple[EpisodeServer, Any]], workdir: str | None, environment: Any):
         self.env, self.sample = env, sample
         self.environment = environment  # the env.environment instance of this episode, or None
@@ -126,7 +146,7 @@ class Episode:
         await self.close()
 
 
-async def open_episode(env: ToolEnv, sample: dict) -> Episode:
+async def open_episode(env: EpisodeHost, sample: dict) -> Episode:
     """Open `sample`'s episode on a started env (see the module docstring).
 
     Raises:

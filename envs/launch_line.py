@@ -9,18 +9,29 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from envs.manifest import ServerSpec
+from typing import Any, Protocol, TypeVar
 
 # The directory that holds the `envs` package: added to every stdio child's PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PYTHON_COMMANDS = {"python", "python3"}
 
 
-def resolve_stdio(spec: ServerSpec, repo: Path | None, base_dir: Path | None = None,
-                  listing: frozenset[str] = frozenset()) -> ServerSpec:
+class StdioSpec(Protocol):
+    """The fields of a stdio server's entry read here (`envs.manifest.ServerSpec`, which imports this module)."""
+
+    command: str | None
+    args: list[str]
+    env: dict[str, str]
+    cwd: str | None
+
+    def model_copy(self, *, update: dict[str, Any]) -> Any: ...
+
+
+Spec = TypeVar("Spec", bound=StdioSpec)
+
+
+def resolve_stdio(spec: Spec, repo: Path | None, base_dir: Path | None = None,
+                  listing: frozenset[str] = frozenset()) -> Spec:
     """`spec` with `python` made this interpreter, PYTHONPATH completed, and relative paths that exist next to
     the manifest made absolute there."""
     command = sys.executable if spec.command in PYTHON_COMMANDS else spec.command

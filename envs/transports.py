@@ -34,7 +34,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import anyio
@@ -48,7 +48,7 @@ from mcp.shared._httpx_utils import (MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_T
 from mcp.shared.message import SessionMessage
 
 if TYPE_CHECKING:
-    from envs.mcp_client import MCPServerConnection
+    from envs.manifest import ServerSpec
 
 READ_CHUNK = 1 << 16
 STDERR_LINE_BYTES = 64 * 1024  # a longer stderr line is written (scrubbed) in pieces, cut outside any secret
@@ -58,6 +58,14 @@ ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
 HEAD_BYTES = 4096  # kept of a dropped message, to find its request id
 SSE_SLACK_BYTES = 64 * 1024
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
+class Connection(Protocol):
+    """What a transport reads of its `envs.mcp_client.MCPServerConnection` (which imports this module)."""
+
+    spec: ServerSpec
+    max_message_bytes: int
+    _errlog: IO[bytes] | None  # the server's stderr log; `log_to` may swap it while the server runs
 EVENT_STREAM = "text/event-stream"
 
 
@@ -72,7 +80,7 @@ class MessageTooLarge(httpx2.StreamError):
 # ---- stdio --------------------------------------------------------------------------------------
 
 @asynccontextmanager
-async def stdio_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any, Any]]:
+async def stdio_transport(conn: Connection) -> AsyncIterator[tuple[Any, Any]]:
     spec = conn.spec
     process = await anyio.open_process(
         [spec.command, *spec.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -157,7 +165,7 @@ async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[
     """Copy a server's stderr into its log (`log()`: the file it goes to now), line by line, with its
     secrets scrubbed; a line past STDERR_LINE_BYTES goes in pieces cut where no secret (`secrets`, the
     server's, or one the process knows) is split, so each piece is scrubbed whole."""
-    from envs.secrets import redact_known, safe_cut
+    from rl_factory.secrets import redact_known, safe_cut
 
     pending = bytearray()
     try:
@@ -270,7 +278,7 @@ def _is_event_stream(response: httpx2.Response) -> bool:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower() == EVENT_STREAM
 
 
-def http_client(conn: MCPServerConnection, headers: dict[str, str] | None = None,
+def http_client(conn: Connection, headers: dict[str, str] | None = None,
                 events_capped_by_reader: bool = False) -> httpx2.AsyncClient:
     """The httpx client of an HTTP/SSE connection (the SDK's timeouts, our byte cap)."""
     # Each in-flight call holds its own connection (a POST answered by an SSE stream), so keep as
@@ -286,7 +294,7 @@ def http_client(conn: MCPServerConnection, headers: dict[str, str] | None = None
 
 
 @asynccontextmanager
-async def streamable_http_transport(conn: MCPServerConnection) -> AsyncIterator[Any]:
+async def streamable_http_transport(conn: Connection) -> AsyncIterator[Any]:
     # In SDK 2.x headers live on the httpx2 client, which we then own and must close.
     async with (http_client(conn, headers=conn.spec.headers or None) as client,
                 streamable_http_client(conn.spec.url, http_client=client,
@@ -295,7 +303,7 @@ async def streamable_http_transport(conn: MCPServerConnection) -> AsyncIterator[
 
 
 @asynccontextmanager
-async def sse_transport(conn: MCPServerConnection) -> AsyncIterator[tuple[Any, Any]]:
+async def sse_transport(conn: Connection) -> AsyncIterator[tuple[Any, Any]]:
     url, limit = conn.spec.url, conn.max_message_bytes
     async with (http_client(conn, conn.spec.headers or None, events_capped_by_reader=True) as client,
                 stream_within_origin(client, "GET", url, headers=SSE_HEADERS) as response):
@@ -393,7 +401,7 @@ async def _post(client: httpx2.AsyncClient, endpoint: str, message: SessionMessa
                                    message=f"posting to the SSE endpoint failed: {type(exc).__name__}: {exc}")
 
 
-TRANSPORTS: dict[str, Callable[[MCPServerConnection], AbstractAsyncContextManager]] = {
+TRANSPORTS: dict[str, Callable[[Connection], AbstractAsyncContextManager]] = {
     "stdio": stdio_transport,
     "streamable_http": streamable_http_transport,
     "sse": sse_transport,

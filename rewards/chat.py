@@ -5,7 +5,7 @@ Each request has an overall deadline (`timeout_s`, not httpx's per-read timeout,
 dripping one byte at a time never trips) and a byte cap on the decoded body (`max_response_bytes`,
 read as a stream, so a 300 MB reply or a gzip bomb is cut off, not buffered). Every failure (a
 transport error, bad gzip, a body that is not JSON, a deadline) is retried and then surfaces as
-`JudgeError`, the one error the tournament's `on_judge_failure` handles.
+`JudgeError` (`rl_factory.judging`), the one error the tournament's `on_judge_failure` handles.
 """
 from __future__ import annotations
 
@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.http import request
+from rl_factory.judging import JudgeError
 from rl_factory.loop_local import LoopLocal
 
 RETRY_STATUS = {408, 409, 425, 429}
 CACHE_SIZE = 100_000  # replies (or verdicts) kept per client / judge
 MAX_RESPONSE_BYTES = 8 << 20  # a chat completion is kilobytes; past this the body is not read further
-
-
-class JudgeError(RuntimeError):
-    """A judge could not produce a verdict (after its retries)."""
 
 
 class ChatClient:
@@ -70,7 +67,7 @@ class ChatClient:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         if key:
             # an endpoint may echo it (an error page, a reply) into what we log and write: mask it everywhere
-            from envs.secrets import protect
+            from rl_factory.secrets import protect
 
             protect([key], replacement=f"${{oc.env:{self.api_key_env}}}")
         return {"Authorization": f"Bearer {key}"} if key else {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from envs.secrets import redact_known
+from rl_factory.secrets import redact_known
 from rewards.loader import RewardFn, RewardLoadError, load_reward, prompt_text
 from rewards.process import ProcessRewardConfig
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rewards.judge import JudgeConfig, JudgeError, PairwiseModelJudge
+from rewards.pairwise import JudgeConfig, PairwiseModelJudge
+from rl_factory.judging import JudgeError
 
 ANSWER_PREFIX = "Winner:"
 INSTRUCTION = "\n\nWhich agent is better? Answer with A or B."

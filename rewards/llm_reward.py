@@ -31,7 +31,7 @@ from decimal import Decimal
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, ChatClient, fill_template, json_objects, load_template
-from rewards.judge import NO_PATH, final_answer, render_path
+from rewards.pairwise import NO_PATH, final_answer, render_path
 
 DEFAULT_RUBRIC = """\
 You are grading an AI agent's answer to a user request; the agent may have called tools.
@@ -88,7 +88,7 @@ def parse_score(text: str, scale: float = 10.0) -> float:
     if not found and _BARE.match(text.strip()):
         found = [_BARE.match(text.strip()).groups()]
     if not found:
-        from envs.secrets import redact_known  # scrubbed before the cut, which could split a key it echoed
+        from rl_factory.secrets import redact_known  # scrubbed before the cut, which could split a key it echoed
 
         raise ValueError(f"no score in judge reply {redact_known(text)[:120]!r}")
     value, denominator = found[-1]

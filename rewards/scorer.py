@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from envs.secrets import redact_known
+from rl_factory.secrets import redact_known
 from rewards.combine import ON_ERROR, Component, RewardConfig, build_components, describe_failure
 from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs

@@ -340,7 +340,7 @@ def _kinds() -> list[tuple[str, str, list[Any], bool]]:
     from rewards.process import OUTCOME_MODES
     from rl_factory.algorithms.advantages import ADVANTAGES
     from rl_factory.algorithms.arena import TOPOLOGIES
-    from rl_factory.algorithms.group_arena import ANCHORS
+    from rl_factory.group_arena import ANCHORS
     from rl_factory.algorithms.losses import AGGREGATIONS, POLICY_LOSSES
     from rl_factory.context import CONTEXT_POLICIES, CONTEXT_PROCESSORS
     from rl_factory.critic import CRITIC_TYPES

@@ -31,7 +31,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 
 def print_user_error(exc: BaseException) -> int:
     """The one-line error (and its cause, if any) on stderr, secrets masked; returns exit code 2."""
-    from envs.secrets import redact_known
+    from rl_factory.secrets import redact_known
 
     print(redact_known(f"error: {exc}"), file=sys.stderr)
     cause = exc.__cause__
@@ -178,7 +178,7 @@ def _redact_tracebacks() -> None:
     """Uncaught tracebacks (a bug, or RL_FACTORY_DEBUG=1) are printed without the secrets we know."""
     import traceback
 
-    from envs.secrets import redact_known
+    from rl_factory.secrets import redact_known
 
     def hook(kind, value, tb) -> None:
         sys.stderr.write(redact_known("".join(traceback.format_exception(kind, value, tb))))

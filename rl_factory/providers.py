@@ -220,12 +220,12 @@ def store(trajs: list[Trajectory], advantages: torch.Tensor, mask: torch.Tensor 
 
 @register_provider("scores")
 class Tournament(Provider):
-    """`scores`: each group's survivors play a tournament (`algorithm.arena`, rl_factory/algorithms/group_arena.py)
+    """`scores`: each group's survivors play a tournament (`algorithm.arena`, rl_factory/group_arena.py)
     inside the rollout pipeline, before the scored filters; the rank quantiles are the scores."""
 
     def __init__(self, ctx: ProviderContext):
         super().__init__(ctx)
-        from rl_factory.algorithms.group_arena import GroupArena
+        from rl_factory.group_arena import GroupArena
 
         try:
             self.arena = GroupArena(ctx.alg.arena, ctx.scorer)

@@ -38,7 +38,7 @@ def load_config(run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from envs import secrets
+    from rl_factory import secrets
     from rl_factory.config import ConfigError
 
     path = run_dir / "config.yaml"

@@ -37,7 +37,7 @@ import torch
 
 from rl_factory import capabilities
 from rl_factory.algorithms.correction import CorrectionConfig, correct_advantages
-from rl_factory.algorithms.group_arena import ArenaConfig
+from rl_factory.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig
 from rl_factory.errors import UserError

@@ -201,7 +201,7 @@ def test_the_docs_table_lists_every_registered_name_with_each_backends_support()
     from rewards.judge import JUDGES
     from rl_factory.algorithms.advantages import ADVANTAGES
     from rl_factory.algorithms.arena import TOPOLOGIES
-    from rl_factory.algorithms.group_arena import ANCHORS
+    from rl_factory.group_arena import ANCHORS
     from rl_factory.algorithms.losses import POLICY_LOSSES
     from rl_factory.context import CONTEXT_POLICIES, CONTEXT_PROCESSORS
     from rl_factory.critic import CRITIC_TYPES

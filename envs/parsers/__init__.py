@@ -14,33 +14,7 @@ format whose values are untyped text (qwen3_xml) needs them to coerce values; ot
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from rl_factory.registry import Registry
-from rl_factory.types import ToolCall
-
-
-class ToolCallParser(Protocol):
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """Split `text` into (content without the call blocks, calls in order)."""
-        ...
-
-
-PARSERS: Registry[type] = Registry("tool-call parser")
-register_parser = PARSERS.register  # class decorator; a second parser of the same name is an error
-
-
-def get_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParser:
-    """A new instance of the parser registered as `name`; KeyError lists the valid names.
-
-    Args:
-        name: registry key, e.g. "hermes" or "qwen3_xml".
-        tools: the OpenAI-shape tool schemas the model was shown (`env.tools`), if any.
-    """
-    return PARSERS.lookup(name)(tools=tools)
-
-
-# Imported last: these modules register themselves with the decorator above.
-from envs.parsers import hermes, qwen3_xml  # noqa: E402,F401
+from envs.parsers import hermes, qwen3_xml  # noqa: F401  (they register themselves in PARSERS)
+from envs.parsers.registry import PARSERS, ToolCallParser, get_parser, register_parser
 
 __all__ = ["PARSERS", "ToolCallParser", "get_parser", "register_parser"]

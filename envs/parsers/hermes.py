@@ -17,7 +17,7 @@ Not for Qwen3-Coder / Qwen3.5, which use an XML `<function=...>` format inside t
 """
 from __future__ import annotations
 
-from envs.parsers import register_parser
+from envs.parsers.registry import register_parser
 from envs.parsers.blocks import (TOOL_CALL, call_blocks, guess_name, malformed, name_problem,
                                  strip_end_markers, unread_blocks)
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text

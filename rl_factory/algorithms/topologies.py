@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from rl_factory.algorithms.arena import Arena, ArenaError, register_topology
+from rl_factory.algorithms.tournament import Arena, ArenaError, register_topology
 
 
 async def _anchor_pass(arena: Arena, anchor: int, stage: str) -> list[float]:

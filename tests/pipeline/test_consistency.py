@@ -11,7 +11,7 @@ import math
 import pytest
 
 from rl_factory.algorithms.advantages import assign_advantages
-from rl_factory.algorithms.group_arena import ArenaConfig
+from rl_factory.group_arena import ArenaConfig
 from rl_factory.config import ConfigError
 from rl_factory.critic import assign_with_critic
 from rl_factory.pipeline import PipelineConfig, check_pipeline

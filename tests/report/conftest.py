@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
+from rl_factory.group_arena import ArenaConfig, GroupArena
 from rl_factory.evaluate import summarize, write_rollouts
 from rl_factory.tracking import Tracker
 from rl_factory.types import Group, ToolCall, ToolResult, Trajectory, Turn

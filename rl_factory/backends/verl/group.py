@@ -31,7 +31,7 @@ from typing import Any
 
 from rewards.scorer import build_scorer
 from rl_factory import capabilities
-from rl_factory.algorithms.group_arena import GroupArena
+from rl_factory.group_arena import GroupArena
 from rl_factory.config import RunConfig
 from rl_factory.types import Group, Trajectory
 

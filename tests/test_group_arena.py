@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from rl_factory.algorithms.group_arena import ArenaConfig, GroupArena
+from rl_factory.group_arena import ArenaConfig, GroupArena
 from rl_factory.types import Group, Trajectory
 from rewards.judge import JudgeConfig
 
