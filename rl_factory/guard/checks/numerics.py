@@ -4,7 +4,7 @@ The update already refuses a non-finite optimizer step (rl_factory/update.py `No
 skipped and counted in `update/skipped_nonfinite`, and `optim.max_nonfinite_steps` in a row stop the run);
 this check makes each such step a named violation with a bundle. Entropy is estimated from what was
 sampled (the mean surprise of the sampled tokens at the rollout temperature), unless the backend logs
-its own (`actor/entropy`, verl); under `entropy_floor` it fires.
+its own (`actor/entropy`, verl); under `floor` it fires.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class NumericsConfig:
 class EntropyConfig:
     action: Action = "warn"
     # nats per sampled token; 0 turns it off
-    floor: float = 0.01
+    floor: float = 0.002
 
 
 @register_check("numerics")
