@@ -24,7 +24,7 @@ from envs.episode import EpisodeError
 from envs.manifest import ManifestError
 from envs.mcp_client import ToolEnvError
 from envs.tool_env import ToolEnv
-from rl_factory.types import ToolCall
+from rl_factory.base.types import ToolCall
 
 
 class CLIError(Exception):

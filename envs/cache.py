@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from envs.knobs import CacheSpec
-from rl_factory.types import ToolResult
+from rl_factory.base.types import ToolResult
 
 
 class ResultCache:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_factory.imports import import_file
+from rl_factory.base.imports import import_file
 
 HOOKS = ("reset", "step", "close")
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from envs.episode_servers import EPISODE_DIR_PREFIX, EpisodeServer
 from envs.mcp_client import ToolEnvError
 from envs.templates import EpisodeVars, TemplateError, fill, needs_dir
-from rl_factory.types import ToolCall, ToolResult
+from rl_factory.base.types import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
 

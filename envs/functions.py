@@ -20,7 +20,7 @@ error at once; a sync function's thread is abandoned (Python cannot kill a threa
 in the background. An exception becomes an error result `Error executing tool <name>: <message>`;
 unlike a remote server's, the message is our own process's and is shown to the model. So does a
 `SystemExit` (argparse, `exit()`) or any other BaseException the function raises
-(`rl_factory.usercode`): only our own cancellation and Ctrl-C pass through.
+(`rl_factory.base.usercode`): only our own cancellation and Ctrl-C pass through.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ from pydantic import ValidationError
 
 from envs.manifest import PROJECT_ROOT, FunctionSpec, Manifest, ManifestError
 from envs.mcp_client import ToolCallError
-from rl_factory.usercode import await_contained, contain
-from rl_factory.imports import import_file
+from rl_factory.base.usercode import await_contained, contain
+from rl_factory.base.imports import import_file
 
 logger = logging.getLogger(__name__)
 

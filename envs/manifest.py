@@ -21,7 +21,7 @@ literal list of `{"mcpServers": ...}` entries, never executed) and the same list
 `transport` (or VS Code's `type`) picks SSE over the default streamable HTTP for a `url` server;
 `disabled: true` skips a server, as in Cline.
 
-Secrets: `env` and `headers` values are never printed; see rl_factory.secrets for what counts as one.
+Secrets: `env` and `headers` values are never printed; see rl_factory.base.secrets for what counts as one.
 
 How a stdio child is started (why: the SDK gives a child only HOME, PATH, ... of our env):
   * `command: python` (or `python3`) means this interpreter, `sys.executable`, so the child
@@ -56,7 +56,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
 from envs.launch_line import PROJECT_ROOT, git_root, listing_of, resolve_stdio
 from envs.manifest_file import ManifestError, read_manifest_file
-from rl_factory.secrets import Substitution, masked_mapping, protect, redact, server_secrets
+from rl_factory.base.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 from envs.templates import check_server
 
 # Spellings users bring from other clients, normalized to the three transports we run.

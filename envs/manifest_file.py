@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from envs.manifest_formats import from_entries, is_webui_spec, read_pydata
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 
 # libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

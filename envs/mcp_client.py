@@ -46,7 +46,7 @@ from mcp.types import CallToolResult, PaginatedRequestParams, Tool
 
 from envs.manifest import ServerSpec, describe_transport
 from envs.transports import TOO_LARGE, TRANSPORTS
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from mcp.types import CallToolResult, Tool
 
 from envs.cache import ResultCache
 from envs.templates import refs
-from rl_factory.types import ToolCall, ToolResult
+from rl_factory.base.types import ToolCall, ToolResult
 
 logger = logging.getLogger("envs.tool_env")
 

@@ -51,7 +51,7 @@ from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError
 from envs.parsers.safe_json import repair_text
 from envs.routes import (Route, argument_problem, build_routes, failure, render_result)  # noqa: F401 (re-export)
 from envs.tool_metrics import INVALID_TOOL_KEY, LOCAL_ERROR_KINDS, ToolMetrics  # noqa: F401 (re-export)
-from rl_factory.types import ToolCall, ToolResult
+from rl_factory.base.types import ToolCall, ToolResult
 
 logger = logging.getLogger(__name__)
 

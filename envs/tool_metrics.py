@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Container
 
-from rl_factory.types import ToolResult
+from rl_factory.base.types import ToolResult
 
 # Failures decided before any server is contacted: they carry no latency.
 LOCAL_ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "too_many_calls")

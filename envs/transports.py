@@ -165,7 +165,7 @@ async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[
     """Copy a server's stderr into its log (`log()`: the file it goes to now), line by line, with its
     secrets scrubbed; a line past STDERR_LINE_BYTES goes in pieces cut where no secret (`secrets`, the
     server's, or one the process knows) is split, so each piece is scrubbed whole."""
-    from rl_factory.secrets import redact_known, safe_cut
+    from rl_factory.base.secrets import redact_known, safe_cut
 
     pending = bytearray()
     try:

@@ -5,7 +5,7 @@ Each request has an overall deadline (`timeout_s`, not httpx's per-read timeout,
 dripping one byte at a time never trips) and a byte cap on the decoded body (`max_response_bytes`,
 read as a stream, so a 300 MB reply or a gzip bomb is cut off, not buffered). Every failure (a
 transport error, bad gzip, a body that is not JSON, a deadline) is retried and then surfaces as
-`JudgeError` (`rl_factory.judging`), the one error the tournament's `on_judge_failure` handles.
+`JudgeError` (`rl_factory.base.judging`), the one error the tournament's `on_judge_failure` handles.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_factory.http import request
-from rl_factory.judging import JudgeError
-from rl_factory.loop_local import LoopLocal
+from rl_factory.base.http import request
+from rl_factory.base.judging import JudgeError
+from rl_factory.base.loop_local import LoopLocal
 
 RETRY_STATUS = {408, 409, 425, 429}
 CACHE_SIZE = 100_000  # replies (or verdicts) kept per client / judge
@@ -67,7 +67,7 @@ class ChatClient:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         if key:
             # an endpoint may echo it (an error page, a reply) into what we log and write: mask it everywhere
-            from rl_factory.secrets import protect
+            from rl_factory.base.secrets import protect
 
             protect([key], replacement=f"${{oc.env:{self.api_key_env}}}")
         return {"Authorization": f"Bearer {key}"} if key else {}
@@ -126,7 +126,7 @@ class ChatClient:
 
 
 def _httpx():
-    import httpx2  # the declared client (no fallback to httpx: rl_factory.http needs httpx2 anyway)
+    import httpx2  # the declared client (no fallback to httpx: rl_factory.base.http needs httpx2 anyway)
 
     return httpx2
 

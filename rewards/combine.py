@@ -25,12 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rl_factory.secrets import redact_known
+from rl_factory.base.secrets import redact_known
 from rewards.loader import RewardFn, RewardLoadError, load_reward, prompt_text
 from rewards.process import ProcessRewardConfig
 
 if TYPE_CHECKING:
-    from rl_factory.types import Trajectory
+    from rl_factory.base.types import Trajectory
 
 DEFAULT_FUNCTION = "rewards/exact_match.py:numeric_exact_match"
 ON_ERROR = ("raise", "zero")

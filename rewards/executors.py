@@ -15,7 +15,7 @@
 Async functions always run on the event loop (they are waiting, not computing); `timeout_s`
 applies to them too. A timeout raises `RewardTimeout`, which the scorer counts as an error. On
 every executor a `SystemExit` (or other BaseException) from the reward becomes an ordinary error
-(`rl_factory.usercode`): a reward cannot end the run.
+(`rl_factory.base.usercode`): a reward cannot end the run.
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rewards.loader import RewardFn, RewardLoadError, load_reward
-from rl_factory.usercode import await_contained, call_contained
-from rl_factory.loop_local import LoopLocal
-from rl_factory.registry import Registry
+from rl_factory.base.usercode import await_contained, call_contained
+from rl_factory.base.loop_local import LoopLocal
+from rl_factory.base.registry import Registry
 
 
 class RewardTimeout(TimeoutError):

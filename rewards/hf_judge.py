@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from rewards.pairwise import JudgeConfig, PairwiseModelJudge
-from rl_factory.judging import JudgeError
+from rl_factory.base.judging import JudgeError
 
 ANSWER_PREFIX = "Winner:"
 INSTRUCTION = "\n\nWhich agent is better? Answer with A or B."

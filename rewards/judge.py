@@ -40,8 +40,8 @@ from rewards.pairwise import (  # noqa: F401  (their public home is here too)
     render_path,
     render_prompt,
 )
-from rl_factory.judging import JudgeError, PairwiseJudge  # noqa: F401  (JudgeError: public here too)
-from rl_factory.registry import Registry
+from rl_factory.base.judging import JudgeError, PairwiseJudge  # noqa: F401  (JudgeError: public here too)
+from rl_factory.base.registry import Registry
 
 
 _WINNER = {"a": 1.0, "agent_a": 1.0, "b": 0.0, "agent_b": 0.0, "tie": 0.5, "draw": 0.5, "equal": 0.5}

@@ -88,7 +88,7 @@ def parse_score(text: str, scale: float = 10.0) -> float:
     if not found and _BARE.match(text.strip()):
         found = [_BARE.match(text.strip()).groups()]
     if not found:
-        from rl_factory.secrets import redact_known  # scrubbed before the cut, which could split a key it echoed
+        from rl_factory.base.secrets import redact_known  # scrubbed before the cut, which could split a key it echoed
 
         raise ValueError(f"no score in judge reply {redact_known(text)[:120]!r}")
     value, denominator = found[-1]

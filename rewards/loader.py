@@ -35,13 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_factory.errors import UserError
-from rl_factory.imports import import_file
-from rl_factory.types import ToolCall, ToolResult
+from rl_factory.base.errors import UserError
+from rl_factory.base.imports import import_file
+from rl_factory.base.types import ToolCall, ToolResult
 from rewards import verl_style
 
 if TYPE_CHECKING:
-    from rl_factory.types import Trajectory
+    from rl_factory.base.types import Trajectory
 
 REWARD_ARGS = (
     "completion", "answer", "prompt", "messages", "turns", "tool_calls", "tool_results",

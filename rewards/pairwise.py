@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewards.chat import CACHE_SIZE, fill_template, load_template
-from rl_factory.guard import passes_through
-from rl_factory.judging import JudgeError
+from rl_factory.base.usercode import passes_through
+from rl_factory.base.judging import JudgeError
 
 DEFAULT_PROMPT = """\
 You are comparing two AI agents that answered the same user request, possibly by calling tools.
@@ -58,7 +58,7 @@ class Candidate:
 
     @classmethod
     def from_trajectory(cls, traj: Any) -> Candidate:
-        """A candidate from an `rl_factory.types.Trajectory` (its messages, reward and reward arguments)."""
+        """A candidate from an `rl_factory.base.types.Trajectory` (its messages, reward and reward arguments)."""
         from rewards.loader import reward_kwargs
 
         return cls(answer=final_answer(traj.messages), path=render_path(traj.messages), reward=traj.reward,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewards.loader import _call_dict, _result_dict, load_reward
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 OUTCOME_MODES = ("sum", "ignore")
 

@@ -26,7 +26,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rewards.exact_match import extract_last_number
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 RULES: Registry[Callable[..., float]] = Registry("rule")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)

@@ -27,14 +27,14 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rl_factory.secrets import redact_known
+from rl_factory.base.secrets import redact_known
 from rewards.combine import ON_ERROR, Component, RewardConfig, build_components, describe_failure
 from rewards.executors import get_executor
 from rewards.loader import RewardError, RewardFn, RewardLoadError, RewardTools, reward_kwargs
 from rewards.process import ProcessReward, turn_kwargs
-from rl_factory.usercode import passes_through
-from rl_factory.loop_local import LoopLocal
-from rl_factory.types import EPISODE_FAILED
+from rl_factory.base.usercode import passes_through
+from rl_factory.base.loop_local import LoopLocal
+from rl_factory.base.types import EPISODE_FAILED
 
 # reward_info keys that count failures (logged as reward/none_count, reward/errors, ...), not a reward's extras
 COUNTERS = ("reward_none", "reward_error", "errors", "episode_error")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rl_factory.types import Trajectory
+    from rl_factory.base.types import Trajectory
 
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # What `solution_str` holds, chosen by the function's `solution_str` attribute (default: completion)

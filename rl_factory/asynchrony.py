@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from rl_factory.guard.checks.receipts import weight_fingerprint
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 log = logging.getLogger("rl_factory")
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 
 BACKENDS = ("embedded", "verl")
 BOTH = BACKENDS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 
 _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 

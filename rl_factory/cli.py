@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 from rl_factory.guard import EXIT_CODE as GUARD_EXIT_CODE, GuardStop
 
 # Mistakes in what the user gave: one line and exit 2. Every other exception is a bug and keeps its
@@ -31,7 +31,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 
 def print_user_error(exc: BaseException) -> int:
     """The one-line error (and its cause, if any) on stderr, secrets masked; returns exit code 2."""
-    from rl_factory.secrets import redact_known
+    from rl_factory.base.secrets import redact_known
 
     print(redact_known(f"error: {exc}"), file=sys.stderr)
     cause = exc.__cause__
@@ -178,7 +178,7 @@ def _redact_tracebacks() -> None:
     """Uncaught tracebacks (a bug, or RL_FACTORY_DEBUG=1) are printed without the secrets we know."""
     import traceback
 
-    from rl_factory.secrets import redact_known
+    from rl_factory.base.secrets import redact_known
 
     def hook(kind, value, tb) -> None:
         sys.stderr.write(redact_known("".join(traceback.format_exception(kind, value, tb))))

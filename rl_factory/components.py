@@ -18,7 +18,7 @@ from envs.limits import ToolLimits
 from rl_factory.chat import ChatFormat
 from rl_factory.data import DatasetError, Rows, load_dataset
 from rl_factory.engines.hf import HFEngine
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 from rl_factory.pipeline.rollouts import PipelineConfig
 from rl_factory.rollout import Agent, RolloutConfig, RolloutKeys
 from rewards.combine import RewardConfig  # noqa: F401  (`reward.*` lives with the rewards)

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl_factory import secrets
-from rl_factory.errors import ConfigError
+from rl_factory.base import secrets
+from rl_factory.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from rewards.combine import RewardConfig
@@ -243,7 +243,7 @@ def section(cfg: DictConfig | dict, key: str, cls: type[T], **extra: Any) -> T:
 
 
 def redacted(cfg: DictConfig | dict, resolve: bool = True) -> dict:
-    """A plain copy of the config safe to print or write to config.yaml (`rl_factory.secrets.redact_config`):
+    """A plain copy of the config safe to print or write to config.yaml (`rl_factory.base.secrets.redact_config`):
     secret-named values and an inline manifest's `env`/`headers` values masked, a secret that came
     from `${oc.env:VAR}` shown as that reference, wherever it appears."""
     data = OmegaConf.to_container(cfg, resolve=resolve) if isinstance(cfg, DictConfig) else cfg
@@ -269,7 +269,7 @@ def printable(cfg: DictConfig, resolve: bool = False) -> str:
 
 def worker_config(cfg: DictConfig) -> DictConfig:
     """A copy of `cfg` to hand to processes that print it (verl's TaskRunner): secrets travel as
-    `${oc.env:VAR}` references (see `rl_factory.secrets.for_workers`)."""
+    `${oc.env:VAR}` references (see `rl_factory.base.secrets.for_workers`)."""
     return OmegaConf.create(secrets.for_workers(OmegaConf.to_container(cfg, resolve=False)))
 
 

@@ -16,8 +16,8 @@ from typing import Callable
 
 from rl_factory.chat import ChatFormat
 from rl_factory.engines.base import Generation
-from rl_factory.registry import Registry
-from rl_factory.types import Step
+from rl_factory.base.registry import Registry
+from rl_factory.base.types import Step
 
 CONTEXT_POLICIES: Registry[type] = Registry("context policy")
 CONTEXT_PROCESSORS: Registry[Callable[..., list[dict]]] = Registry("context processor")

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from rl_factory.algorithms.advantages import VALUE_TARGETS, AdvantageInputs
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 from rl_factory.providers import Provider, ProviderContext, StepBatch, register_provider
-from rl_factory.types import Group, Trajectory
+from rl_factory.base.types import Group, Trajectory
 
 log = logging.getLogger("rl_factory")
 VALUE_HEAD_FILE = "value_head.pt"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_factory.errors import ConfigError, UserError
+from rl_factory.base.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
 

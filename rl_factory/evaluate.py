@@ -14,7 +14,7 @@ from typing import Any
 from rl_factory import jsonl
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
-from rl_factory.types import EPISODE_FAILED, Trajectory
+from rl_factory.base.types import EPISODE_FAILED, Trajectory
 from rewards.scorer import Scorer, reward_info_metrics
 
 
@@ -95,7 +95,7 @@ def trajectory_record(traj: Trajectory, tokenizer=None) -> dict[str, Any]:
 def write_rollouts(path: Path, trajs: list[Trajectory]) -> None:
     """Write atomically: a resumed run rewrites a step's file whole, never appends to it.
 
-    Each line is scrubbed of every secret this process knows (`rl_factory.secrets.redact_known`), and text
+    Each line is scrubbed of every secret this process knows (`rl_factory.base.secrets.redact_known`), and text
     that is not valid Unicode (a lone surrogate) is written escaped rather than failing the step.
     """
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.algorithms.arena import FAILURE_POLICIES, TournamentResult, get_topology, run_tournament, spearman
-from rl_factory.types import Group, Trajectory
+from rl_factory.base.types import Group, Trajectory
 from rewards.judge import Candidate, JudgeConfig, build_judge
 from rewards.loader import prompt_text
 

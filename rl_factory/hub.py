@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 
 HUB_TIMEOUT_S = 3.0
 

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rl_factory.secrets import redact_known
+from rl_factory.base.secrets import redact_known
 
 log = logging.getLogger(__name__)
 # How files of such lines are opened for writing: a lone surrogate (a Python tool's text from
@@ -23,7 +23,7 @@ WRITE_ERRORS = "backslashreplace"
 
 def dumps(record: Any) -> str:
     """One line (newline included) for a record of model/tool text: non-ASCII kept readable, and every
-    secret this process knows scrubbed (`rl_factory.secrets.redact_known`), as everything we write is."""
+    secret this process knows scrubbed (`rl_factory.base.secrets.redact_known`), as everything we write is."""
     return redact_known(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
 
 

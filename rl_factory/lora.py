@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

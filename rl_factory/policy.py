@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from rl_factory.errors import ConfigError
+from rl_factory.base.errors import ConfigError
 from rl_factory.hub import check_hub_model
 from rl_factory.packing import MASK_KINDS, MIN_SHARED_PREFIX, build_packs, gather_logprobs, pack_inputs
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 BUILTIN_MODELS: Registry[Callable[..., Path]] = Registry("builtin model")
 register_builtin_model = BUILTIN_MODELS.register

@@ -36,8 +36,8 @@ import torch
 from rl_factory.algorithms.advantages import (AdvantageInputs, estimate_with_targets, register_input,
                                               required_inputs, wanted_inputs)
 from rl_factory.config import ConfigError
-from rl_factory.registry import Registry
-from rl_factory.types import Group, Trajectory
+from rl_factory.base.registry import Registry
+from rl_factory.base.types import Group, Trajectory
 
 GroupStage = Callable[..., Awaitable[tuple[list[float], dict[str, float]]]]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.jsonl import WRITE_ERRORS
-from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
+from rl_factory.base.types import ToolCall, ToolResult, Trajectory, Turn
 
 log = logging.getLogger("rl_factory")
 RESCORE_SLICES = ("reward", "data", "env", "eval")  # of the run's config.yaml
@@ -38,7 +38,7 @@ def load_config(run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from rl_factory import secrets
+    from rl_factory.base import secrets
     from rl_factory.config import ConfigError
 
     path = run_dir / "config.yaml"

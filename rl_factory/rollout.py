@@ -33,7 +33,7 @@ from rl_factory.context import get_context_policy
 from rl_factory.engines.base import Engine, SamplingParams, derive_seed
 from envs.environment import check_messages
 from envs.episode import EpisodeError
-from rl_factory.types import EPISODE_FAILED, Group, ToolResult, Trajectory, Turn
+from rl_factory.base.types import EPISODE_FAILED, Group, ToolResult, Trajectory, Turn
 
 log = logging.getLogger("rl_factory")
 TRUNCATION_MARKER = " ...[truncated]"

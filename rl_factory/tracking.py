@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 from rl_factory.jsonl import read_lines
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
 # Keys that measure wall-clock time or how the engine happened to schedule work: they differ between

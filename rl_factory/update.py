@@ -40,9 +40,9 @@ from rl_factory.algorithms.correction import CorrectionConfig, correct_advantage
 from rl_factory.group_arena import ArenaConfig
 from rl_factory.algorithms.losses import aggregate_loss, get_policy_loss, kl_penalty
 from rl_factory.critic import CriticConfig
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 from rl_factory.packing import MASK_KINDS, attention_cost_ratio, build_packs, pack_inputs
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 
 # algorithm.old_log_probs: where the PPO ratio's denominator comes from (README: "Old log-probs")

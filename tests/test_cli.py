@@ -7,10 +7,10 @@ from rewards.loader import RewardError, RewardLoadError
 from rl_factory.cli import USER_ERRORS, print_user_error
 from rl_factory.config import ConfigError
 from rl_factory.data import DatasetError
-from rl_factory.errors import UnknownName
+from rl_factory.base.errors import UnknownName
 from rl_factory.hub import HubUnreachable
 from rl_factory.pipeline import PipelineError
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 from rl_factory.tracking import TrackingError
 
 

@@ -2,7 +2,7 @@
 keep their semaphores and httpx clients in one)."""
 import asyncio
 
-from rl_factory.loop_local import LoopLocal
+from rl_factory.base.loop_local import LoopLocal
 
 
 def test_one_value_per_event_loop():

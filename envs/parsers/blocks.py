@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from rl_factory.types import ToolCall
+from rl_factory.base.types import ToolCall
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 # End-of-turn tokens an engine may leave in decoded text (stop-agnostic: strip if present).

@@ -21,7 +21,7 @@ from envs.parsers.registry import register_parser
 from envs.parsers.blocks import (TOOL_CALL, call_blocks, guess_name, malformed, name_problem,
                                  strip_end_markers, unread_blocks)
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text
-from rl_factory.types import ToolCall
+from rl_factory.base.types import ToolCall
 
 
 @register_parser("hermes")

@@ -31,7 +31,7 @@ from envs.parsers.registry import register_parser
 from envs.parsers.blocks import (TOOL_CALL, call_blocks, guess_name, malformed, name_problem,
                                  strip_end_markers, unread_blocks)
 from envs.parsers.safe_json import JSONProblem, load_json, repair_text
-from rl_factory.types import ToolCall
+from rl_factory.base.types import ToolCall
 
 # A name stops at the next "<": with `[^>\n]*` each of the 100k "<function=" of a 1 MB text without ">"
 # scanned to the end of the text (quadratic: 56 s for 160 KB); this way each scan ends where the next

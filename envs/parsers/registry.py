@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rl_factory.registry import Registry
-from rl_factory.types import ToolCall
+from rl_factory.base.registry import Registry
+from rl_factory.base.types import ToolCall
 
 
 class ToolCallParser(Protocol):

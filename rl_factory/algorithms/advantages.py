@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from rl_factory.errors import UserError
-from rl_factory.registry import Registry
-from rl_factory.types import Group
+from rl_factory.base.errors import UserError
+from rl_factory.base.registry import Registry
+from rl_factory.base.types import Group
 
 AdvantageFn = Callable[..., torch.Tensor]
 

@@ -33,7 +33,7 @@ tied: they share the best rank of their block (ranks 1, 2, 2, 4) and the mean of
 `1 - position / (n - 1)` their block occupies, so the scores always average 0.5 and ties are decided by
 the keys alone, never by rollout index. A match whose score is exactly 0.5 is a tie.
 
-Judge failures: the judge raises `rl_factory.judging.JudgeError` after its own retries. The tournament
+Judge failures: the judge raises `rl_factory.base.judging.JudgeError` after its own retries. The tournament
 counts it and applies `on_judge_failure`: `tie` (the match scores 0.5 and is marked failed), `skip_group`
 (the tournament stops; every rollout gets 0.5, so the group's advantages are 0) or `stop` (raises
 `ArenaError`). Never silently.

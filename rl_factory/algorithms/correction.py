@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_factory.algorithms.losses import masked_mean
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 # verl's safety bound on a log-ratio before exp (rollout_corr_helper.SAFETY_BOUND)
 LOG_RATIO_BOUND = 20.0

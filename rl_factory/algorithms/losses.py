@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from rl_factory.errors import UnknownName
-from rl_factory.registry import Registry
+from rl_factory.base.errors import UnknownName
+from rl_factory.base.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")

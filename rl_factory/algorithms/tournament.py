@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from rl_factory.errors import UserError
-from rl_factory.judging import JudgeError
-from rl_factory.registry import Registry
+from rl_factory.base.errors import UserError
+from rl_factory.base.judging import JudgeError
+from rl_factory.base.registry import Registry
 
 JudgeFn = Callable[[int, int], Awaitable[float]]
 AnchorJudgeFn = Callable[[int], Awaitable[float]]

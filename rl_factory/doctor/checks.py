@@ -257,7 +257,7 @@ async def reward_scores(doc) -> str:
     that reads `state` sees what the environment made of it; the row says how the episode ended. A reward
     that reads the episode through `tools` sees it before any call: the row says that score is not the task's."""
     from envs.episode import EpisodeError
-    from rl_factory.types import Trajectory, Turn
+    from rl_factory.base.types import Trajectory, Turn
     from rewards.scorer import score_trajectories
 
     row = doc.state["rows"][0]

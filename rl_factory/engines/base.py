@@ -6,7 +6,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Departures from the server's answer, both documented in `Generation` terms:
     default (`--logprobs-mode raw_logprobs`), which is the same thing at temperature 1; sample at
     another temperature only with `--logprobs-mode processed_logprobs` (it also folds in top-p).
 
-Each attempt has an overall deadline (`timeout_s`) and a byte cap (rl_factory.http). Connection errors,
+Each attempt has an overall deadline (`timeout_s`) and a byte cap (rl_factory.base.http). Connection errors,
 timeouts, 408, 429 and 5xx are retried with exponential backoff; other 4xx
 (a prompt longer than the server's `max_model_len`, a wrong model name) fail at once.
 """
@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx2
 
-from rl_factory import http
+from rl_factory.base import http
 from rl_factory.engines.base import Generation, SamplingParams, register_engine
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -121,7 +121,7 @@ class OpenAIEngine:
         client = self._http()
         url = self.base_url + path
         for attempt in range(self.max_retries + 1):
-            try:  # an overall deadline and a byte cap per attempt (rl_factory.http)
+            try:  # an overall deadline and a byte cap per attempt (rl_factory.base.http)
                 status, content = await http.request(client, method, url, json=body, timeout_s=self.timeout_s,
                                                      max_bytes=MAX_RESPONSE_BYTES)
             except (httpx2.HTTPError, TimeoutError, OSError) as exc:  # refused, reset, timed out, bad encoding

@@ -18,7 +18,7 @@ from rl_factory.guard.checks.receipts import weight_fingerprint
 from rl_factory.guard.evidence import trajectory_evidence
 from rl_factory.guard.probes import run_probes
 from rl_factory.guard.registry import StepData
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 log = logging.getLogger("rl_factory")
 

@@ -14,7 +14,7 @@ import math
 from array import array
 from typing import Any
 
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 
 def digest(ids: list[int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rl_factory.types import Trajectory
+from rl_factory.base.types import Trajectory
 
 
 def pick_pairs(trajs: list[Trajectory], limit: int, offset: int = 0) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from rl_factory.registry import Registry
+from rl_factory.base.registry import Registry
 
 Action = Literal["warn", "stop", "off"]
 

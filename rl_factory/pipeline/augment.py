@@ -36,8 +36,8 @@ from typing import Any
 from rl_factory.config import ConfigError
 from rl_factory.pipeline.entries import (PipelineError, call_user, check_options, check_unique, describe, is_spec,
                                          load_user, parse_entry)
-from rl_factory.registry import Registry
-from rl_factory.types import Step, Trajectory
+from rl_factory.base.registry import Registry
+from rl_factory.base.types import Step, Trajectory
 from rewards.loader import RewardFn, reward_kwargs
 
 ENTRY_KEYS = ("function", "name", "kwargs")

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_factory.config import ConfigError
-from rl_factory.errors import UserError
-from rl_factory.types import Trajectory
+from rl_factory.base.errors import UserError
+from rl_factory.base.types import Trajectory
 from rewards.loader import RewardError, RewardFn, RewardLoadError, load_reward, prompt_text
 
 

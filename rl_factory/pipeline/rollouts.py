@@ -37,7 +37,7 @@ from rl_factory.pipeline.augment import augment, build_augmenters
 from rl_factory.pipeline.filters import apply_filters, build_filters
 from rl_factory.rollout import Agent
 from envs.episode import EpisodeError
-from rl_factory.types import EPISODE_FAILED, Group, Trajectory
+from rl_factory.base.types import EPISODE_FAILED, Group, Trajectory
 from rewards.scorer import Scorer
 
 log = logging.getLogger("rl_factory")

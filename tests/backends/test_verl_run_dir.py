@@ -157,7 +157,7 @@ def test_a_torn_line_from_a_killed_worker_costs_that_line_only(tmp_path, caplog)
 def test_verl_rollouts_are_scrubbed_and_survive_text_that_is_not_unicode(tmp_path):
     # as the embedded backend's write_rollouts (tests/envs/test_tool_limits.py): a reward error quoting a
     # key, and a lone surrogate from a Python tool's undecodable bytes, must neither leak nor fail the step
-    from rl_factory.secrets import protect
+    from rl_factory.base.secrets import protect
 
     secret = "sk-live-" + "run-dir-4d9e1b"
     protect([secret])

@@ -169,7 +169,7 @@ def test_a_reward_outside_the_bound_is_the_one_line_reward_error(rewards_file, v
 
 
 def test_a_reward_error_is_scrubbed_before_it_is_cut(rewards_file):
-    from rl_factory.secrets import protect
+    from rl_factory.base.secrets import protect
 
     key = "sk-judge-" + "f00dcafe" * 4
     protect([key])

@@ -54,7 +54,7 @@ from rl_factory.evaluate import trajectory_record
 from rl_factory.pipeline import build_augmenters
 from rl_factory.guard.evidence import receipt, trajectory_evidence
 from rl_factory.rollout import Agent, RolloutConfig
-from rl_factory.types import EPISODE_FAILED, Trajectory
+from rl_factory.base.types import EPISODE_FAILED, Trajectory
 from rewards.scorer import build_scorer
 
 AGENT_NAME = "rl_factory"

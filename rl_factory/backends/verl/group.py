@@ -33,7 +33,7 @@ from rewards.scorer import build_scorer
 from rl_factory import capabilities
 from rl_factory.group_arena import GroupArena
 from rl_factory.config import RunConfig
-from rl_factory.types import Group, Trajectory
+from rl_factory.base.types import Group, Trajectory
 
 
 @dataclass

@@ -49,7 +49,7 @@ from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffe
 from rl_factory.config import RunConfig, plain
 from rl_factory.pipeline import augment, build_filters, check_pipeline
 from rl_factory.pipeline.filters import Filter, apply_filters
-from rl_factory.types import Group, Trajectory
+from rl_factory.base.types import Group, Trajectory
 
 log = logging.getLogger("rl_factory.verl")
 

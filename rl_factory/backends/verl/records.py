@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from rl_factory.types import ToolCall, ToolResult, Trajectory, Turn
+from rl_factory.base.types import ToolCall, ToolResult, Trajectory, Turn
 
 RECORD_KEY = "rl_factory_trajectory"
 

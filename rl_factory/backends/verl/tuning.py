@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_factory.errors import UserError
+from rl_factory.base.errors import UserError
 
 log = logging.getLogger("rl_factory.verl")
 

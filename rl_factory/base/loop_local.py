@@ -4,7 +4,7 @@ asyncio primitives (a `Semaphore` binds to the loop that first waits on it) and 
 to one event loop, while one scorer, executor or judge client may serve several `asyncio.run` calls
 (validation, then training; a test after a test). Each of them used to keep its own `(loop, value)`
 check. This module sits in the bottom layer (no imports from the rest of the project), next to
-`rl_factory.types` and `rl_factory.registry`.
+`rl_factory.base.types` and `rl_factory.base.registry`.
 """
 from __future__ import annotations
 

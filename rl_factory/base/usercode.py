@@ -10,7 +10,7 @@ cancellation) and a `KeyboardInterrupt` in the main thread (Ctrl-C). A `Keyboard
 in a worker thread is user code's, since signals only reach the main thread.
 
 This module sits in the bottom layer (no imports from the rest of the project), next to
-`rl_factory.types` and `rl_factory.registry`.
+`rl_factory.base.types` and `rl_factory.base.registry`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A `Registry` is a plain dict (name -> object) that a decorator fills; a taken name is an error naming
 who took it, and an unknown name is an error listing the valid ones. It lives apart from everything
-else (it imports only `rl_factory.errors`) so that `envs` and `rewards` can use it without pulling in
+else (it imports only `rl_factory.base.errors`) so that `envs` and `rewards` can use it without pulling in
 the trainer.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from rl_factory.errors import UnknownName
+from rl_factory.base.errors import UnknownName
 
 T = TypeVar("T")
 
