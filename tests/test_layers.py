@@ -22,6 +22,9 @@ inside a function runs after both modules are loaded, so it cannot meet a half-i
 layer rules still see it. Imports by string (`importlib.import_module(name)`) are not seen.
 
 Each failure lists `path:line: module imports target` for every import that breaks the rule.
+
+`rl_factory.types` stays the public name of the data types (users' scripts import it, DESIGN §5): it
+re-exports every type of `rl_factory.base.types`, and the project's own modules import the base path.
 """
 from __future__ import annotations
 
@@ -196,3 +199,16 @@ def strongly_connected(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
                             break
                     out.append(component)
     return out
+
+
+def test_rl_factory_types_is_the_public_name_of_every_base_type():
+    # Users' scripts import `rl_factory.types` (DESIGN §5); the definitions live in the base layer.
+    import rl_factory.base.types as base
+    import rl_factory.types as public
+
+    defined = sorted(name for name, value in vars(base).items() if not name.startswith("_")
+                     and (getattr(value, "__module__", None) == base.__name__ or name.isupper()))
+    assert "Trajectory" in defined
+    missing = [name for name in defined if getattr(public, name, None) is not getattr(base, name)]
+    assert not missing, f"rl_factory/types.py does not re-export {missing} of rl_factory.base.types"
+    assert sorted(public.__all__) == defined
