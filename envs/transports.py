@@ -58,6 +58,7 @@ ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
 HEAD_BYTES = 4096  # kept of a dropped message, to find its request id
 SSE_SLACK_BYTES = 64 * 1024
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+EVENT_STREAM = "text/event-stream"
 
 
 class Connection(Protocol):
@@ -66,7 +67,6 @@ class Connection(Protocol):
     spec: ServerSpec
     max_message_bytes: int
     _errlog: IO[bytes] | None  # the server's stderr log; `log_to` may swap it while the server runs
-EVENT_STREAM = "text/event-stream"
 
 
 def too_large_message(size: int, limit: int) -> str:
