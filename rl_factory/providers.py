@@ -193,6 +193,7 @@ class Providers:
 def build_providers(ctx: ProviderContext) -> Providers:
     """One provider per input the estimator `ctx.alg.advantage` declares (`requires`, then `uses` where a
     provider exists). Raises ConfigError for a required input no provider fills, or a provider's bad setting."""
+    register_builtins()
     name = ctx.alg.advantage
     required = required_inputs(name)
     missing = [k for k in required if k not in PROVIDERS]
@@ -277,4 +278,7 @@ class TokenRewards(Provider):
         return batch.pad([token_rewards(t) for t in batch.trajs])
 
 
-import rl_factory.critic  # noqa: E402,F401  (registers `values`: the critic lives with its value head)
+def register_builtins() -> None:
+    """The built-in providers that live with what they provide: `values` with the critic's value head.
+    Imported when first needed, not here: rl_factory.critic builds on this module."""
+    import rl_factory.critic  # noqa: F401  (registers `values`)

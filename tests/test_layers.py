@@ -16,10 +16,10 @@ No two modules import each other, directly or around a longer loop.
 
 Which import statements count: the layer rules count every one, wherever it stands (module level, under
 `if TYPE_CHECKING:`, inside a function): a deferred import is still a dependency on what it imports. The
-cycle rule counts the statements a module runs (or a type checker follows) when it is imported: module
-level, `if TYPE_CHECKING:` and try/except blocks included, function and method bodies left out. An import
-inside a function runs after both modules are loaded, so it cannot meet a half-initialised module; the
-layer rules still see it. Imports by string (`importlib.import_module(name)`) are not seen.
+cycle rule counts the statements a module runs when it is imported: module level and try/except blocks
+included, function and method bodies and `if TYPE_CHECKING:` blocks left out. An import inside a function
+runs after both modules are loaded, so it cannot meet a half-initialised module, and a TYPE_CHECKING import
+never runs (the annotations it serves are strings); the layer rules still see both. Imports by string (`importlib.import_module(name)`) are not seen.
 
 Each failure lists `path:line: module imports target` for every import that breaks the rule.
 
@@ -58,7 +58,7 @@ class Import:
     path: str  # its file, relative to the repository
     line: int
     target: str  # the imported module (a project module resolved to its file's module name)
-    deferred: bool  # inside a function or method body
+    deferred: bool  # inside a function or method body, or under `if TYPE_CHECKING:` (never run on import)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.source} imports {self.target}"
@@ -104,13 +104,22 @@ def imports_of(path: Path) -> list[Import]:
                     full = f"{base}.{alias.name}"
                     target = full if full in project_modules() else resolve(base)
                     found.append(Import(source, rel, child.lineno, target, deferred))
-            visit(child, deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            visit(child, deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) or _type_checking(child))
 
     visit(ast.parse(path.read_text(), rel), False)
     return found
 
 
 @cache
+def _type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): its imports never run."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def all_imports() -> tuple[Import, ...]:
     return tuple(i for path in project_modules().values() for i in imports_of(path))
 

@@ -14,6 +14,7 @@ from rl_factory.algorithms.advantages import (
     register_advantage,
     required_inputs,
 )
+from rl_factory.algorithms import gae as _gae  # noqa: F401  (registers `gae`; it builds on advantages)
 from rl_factory.algorithms.losses import (
     POLICY_LOSSES,
     aggregate_loss,

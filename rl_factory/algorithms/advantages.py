@@ -367,6 +367,3 @@ def compute_reinforce_pp_advantage(inputs: AdvantageInputs, epsilon: float = 1e-
 def compute_arena_advantage(inputs: AdvantageInputs, epsilon: float = 1e-6) -> torch.Tensor:
     """ArenaRL: tournament scores (rank quantiles) z-scored within the group. [N]; ties share a value."""
     return group_zscore(inputs.scores, inputs.group_index, norm_by_std=True, epsilon=epsilon)
-
-
-from rl_factory.algorithms import gae as _gae  # noqa: E402,F401  (registers `gae`; it imports this module)

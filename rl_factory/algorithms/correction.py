@@ -65,7 +65,7 @@ def masked_weights(weights: torch.Tensor, threshold: float) -> tuple[torch.Tenso
 
 def check_correction(cfg: CorrectionConfig) -> None:
     """Unknown names and bad thresholds, in one line (ConfigError)."""
-    from rl_factory.config import ConfigError
+    from rl_factory.base.errors import ConfigError
 
     if cfg.type != "none":
         CORRECTIONS.lookup(cfg.type)
