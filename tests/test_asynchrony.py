@@ -138,6 +138,7 @@ def _rollouts(run_dir, step):
     return [json.loads(line) for line in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a real training run
 @pytest.mark.parametrize("partial", ["true", "false"])
 def test_async_run_keeps_the_staleness_bound_and_records_versions(tiny_model_dir, tmp_path, marked_manifest, partial):
     manifest, _ = marked_manifest
@@ -151,7 +152,9 @@ def test_async_run_keeps_the_staleness_bound_and_records_versions(tiny_model_dir
         assert 0 <= m["async/staleness/max"] <= 2 and m["timing/trainer_idle_s"] >= 0
         assert m["async/version_spans/mean"] >= 1
     assert metrics[1]["async/staleness/max"] == 0  # step 1's batch is drawn with the initial weights
-    assert max(m["async/staleness/max"] for m in metrics[2:]) >= 1  # later ones ran ahead of the update
+    # Whether a later batch starts before the update it runs ahead of is timing: with an update faster than a
+    # batch's generation (the tiny model on an idle machine) every batch starts on the newest weights. The
+    # bound and the spans are what holds whatever the timing; test_partial_swap_* covers a swap mid-trajectory.
     for step in range(1, 5):
         for line in _rollouts(run_dir, step):
             spans = line["policy_versions"]
@@ -163,6 +166,7 @@ def test_async_run_keeps_the_staleness_bound_and_records_versions(tiny_model_dir
         assert all(m["async/version_spans/mean"] == 1 for m in metrics[1:])
 
 
+@pytest.mark.slow  # a real training run
 def test_on_policy_run_has_no_async_keys(tiny_model_dir, tmp_path, marked_manifest):
     manifest, _ = marked_manifest
     run_dir = tmp_path / "run"
@@ -172,6 +176,7 @@ def test_on_policy_run_has_no_async_keys(tiny_model_dir, tmp_path, marked_manife
     assert all("policy_versions" not in line for line in _rollouts(run_dir, 1))
 
 
+@pytest.mark.slow  # a real training run
 def test_arena_groups_meet_complete_when_rollouts_run_ahead(tiny_model_dir, tmp_path, marked_manifest):
     """ArenaRL needs each group whole: with k=1 every trained group still has its n rollouts in one
     tournament (rankings.csv: n ranks per group per step), and the rollouts file holds each prompt n times."""

@@ -44,6 +44,7 @@ def length_estimator():
     del PROVIDERS[INPUT], INPUT_DIMS[INPUT]
 
 
+@pytest.mark.slow  # a real training run
 def test_a_new_estimator_with_a_new_input_trains_with_one_provider(length_estimator, tiny_model_dir, tmp_path):
     from rl_factory.trainer import train
 

@@ -22,19 +22,22 @@ class LineGuard:
     """The checks of a run whose step arrives as rollouts lines plus the backend's metrics.
 
     Args:
-        ours: our composed config (the `rl_factory` node of verl's), resolved and plain.
+        ours: our config, parsed (`RunConfig`) or as the `rl_factory` node of verl's (parsed here).
         out_dir: the run directory.
     """
 
-    def __init__(self, ours: dict[str, Any], out_dir: Path):
+    def __init__(self, ours: Any, out_dir: Path):
         from rl_factory.config import redacted
 
-        self.cfg = guard_config(ours)
+        from rl_factory.config import RunConfig, parse
+
+        run = ours if isinstance(ours, RunConfig) else parse(ours)
+        self.cfg = guard_config(run)
         self.enabled = self.cfg.enabled
-        has_tools = bool((ours.get("env") or {}).get("tools"))
+        has_tools = bool(run.env.tools)
         states = {"tools": {"has_tools": has_tools}, "reward_without_tools": {"has_tools": has_tools},
-                  "entropy": {"sampled": float((ours.get("rollout") or {}).get("temperature", 1.0)) > 0}}
-        self.guard = Guard(self.cfg, out_dir, redacted(ours), states) if self.enabled else None
+                  "entropy": {"sampled": float(run.rollout.temperature) > 0}}
+        self.guard = Guard(self.cfg, out_dir, redacted(run.composed), states) if self.enabled else None
 
     def after_step(self, step: int, metrics: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, float]:
         """The step's guard/* metrics (violations logged and bundled); {} when off or nothing was trained."""

@@ -14,6 +14,7 @@ def args(*extra):
     return argparse.Namespace(steps=4, batch=4, n=2, overrides=list(extra), timeout=60, h200_models=["tiny"])
 
 
+@pytest.mark.slow  # composes through main_grpo.sh
 @pytest.mark.parametrize("k, mode", [(0, "sync"), (1, "colocate_async")])
 def test_the_h200_arm_composes_verls_colocated_job(tmp_path, tiny_model_dir, k, mode):
     pytest.importorskip("verl", reason="verl is an extra")

@@ -101,6 +101,7 @@ def test_expected_matches_and_bootstrap():
     assert bootstrap([0.3, 0.3]) == [0.3, 0.3, 0.3]
 
 
+@pytest.mark.slow  # real training runs, every arm
 def test_tiny_invocation_end_to_end(tiny_model_dir, tmp_path):
     """Two arms, one seed, one step on the session's tiny model: a real stand-in server for each run."""
     result = main(["--arms", "pointwise,swiss", "--seeds", "0", "--noise", "1.0", "--steps", "1", "--batch", "2",

@@ -22,6 +22,9 @@ from rl_factory.config import load_config
 from rl_factory.guard import GuardStop
 from rl_factory.guard.__main__ import main as guard_main
 
+# every test here trains a real (tiny) run with a fault injected: the slow tier (tests/tiers.py)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 # A reward that varies with the completion: groups get advantages, so step 1 moves the weights.
 PARITY_REWARD = "def reward(completion, **_):\n    return float(len(completion) % 2)\n"
