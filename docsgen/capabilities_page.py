@@ -12,7 +12,7 @@ starts, so this page and the errors a run gives say the same.
 def render() -> str:
     """The page; without the module (a checkout that predates it) a page that says where the table lives."""
     try:
-        from rl_factory.capabilities import render_markdown
+        from rl_factory.capabilities_page import render_markdown
     except ImportError:
         return HEADER + "\n*The table is generated from `rl_factory/capabilities.py`, which this checkout does not have.*\n"
     return HEADER + "\n" + render_markdown().strip() + "\n"

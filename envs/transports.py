@@ -1,32 +1,30 @@
 """How a connection reaches its MCP server: stdio, streamable HTTP or SSE, each with a byte cap.
 
-A registry (`TRANSPORTS`) keyed by `ServerSpec.transport`; each entry opens an async context that
-yields the SDK's `(read_stream, write_stream)` pair for a `ClientSession`.
+A registry (`TRANSPORTS`) keyed by `ServerSpec.transport`; each entry opens an async context that yields
+the SDK's `(read_stream, write_stream)` pair for a `ClientSession`.
 
-Every transport bounds what one message may cost. A message (a stdio line, an HTTP body line, an
-SSE event) longer than the connection's `max_message_bytes` is dropped while it is read, never
-buffered whole; its request fails with a JSON-RPC error whose message says "exceeded the N byte
-limit" (`mcp_client` counts it as a "too_large" tool error), and the connection goes on.
+Every transport bounds what one message may cost. A message (a stdio line, an HTTP body line, an SSE
+event) longer than the connection's `max_message_bytes` is dropped while it is read, never buffered whole;
+its request fails with a JSON-RPC error whose message says "exceeded the N byte limit" (`mcp_client`
+counts it as a "too_large" tool error), and the connection goes on.
 
-stdio is our own small transport rather than the SDK's `stdio_client`, for three reasons: the SDK
-splits lines by concatenating strings (quadratic: 40 s for one 32 MiB line) and keeps the line
-whole; a dropped line must still answer its request; and the server's stderr must be scrubbed of
-its secrets before it reaches `tool_logs/<server>.log`, so it goes through a pipe we read rather
-than straight to the file. Spawning (own session, the SDK's default environment plus the
-manifest's `env`) and shutdown (close stdin, wait 2 s, SIGTERM the process group, 2 s, SIGKILL)
-follow the SDK.
+stdio is our own small transport rather than the SDK's `stdio_client`: the SDK splits lines by
+concatenating strings (quadratic: 40 s for one 32 MiB line) and keeps the line whole; a dropped line must
+still answer its request; and the server's stderr must be scrubbed of its secrets before it reaches
+`tool_logs/<server>.log`, so it goes through a pipe we read. Spawning (own session, the SDK's default
+environment plus the manifest's `env`) and shutdown (close stdin, wait 2 s, SIGTERM the process group,
+2 s, SIGKILL) follow the SDK.
 
-SSE (the legacy HTTP+SSE transport) is our own too: every answer of the session arrives on one
-long-lived event stream, and the SDK's `sse_client` ends that stream, and with it every call in
-flight, on the first event over a fixed 1 MiB (its decoder raises, and the error is re-raised).
-Ours frames events from the raw bytes (`sse_events`), keeps only the head of an oversized one and
-answers its request, as stdio does. Connecting (the SDK's `stream_within_origin`: redirects only
-within the origin, the endpoint on the same origin) and posting (one message at a time, in order,
-as the SDK does: a server may refuse requests that overtake `notifications/initialized`) follow
-the SDK.
+SSE (the legacy HTTP+SSE transport) is our own too: every answer arrives on one long-lived event stream,
+and the SDK's `sse_client` ends it, with every call in flight, on the first event over a fixed 1 MiB.
+Ours frames events from the raw bytes (`sse_events`), keeps only the head of an oversized one and answers
+its request, as stdio does. Connecting (redirects only within the origin, the endpoint on the same origin)
+and posting (one message at a time, in order: a server may refuse requests that overtake
+`notifications/initialized`) follow the SDK.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -62,11 +60,11 @@ EVENT_STREAM = "text/event-stream"
 
 
 class Connection(Protocol):
-    """What a transport reads of its `envs.mcp_client.MCPServerConnection` (which imports this module)."""
-
+    """What a transport reads of its `envs.mcp_client.MCPServerConnection` (which imports this module);
+    `_errlog` is the server's stderr log, which `log_to` may swap while the server runs."""
     spec: ServerSpec
     max_message_bytes: int
-    _errlog: IO[bytes] | None  # the server's stderr log; `log_to` may swap it while the server runs
+    _errlog: IO[bytes] | None
 
 
 def too_large_message(size: int, limit: int) -> str:
@@ -76,8 +74,6 @@ def too_large_message(size: int, limit: int) -> str:
 class MessageTooLarge(httpx2.StreamError):
     """An HTTP body line past the byte cap (a StreamError: the SDK answers the request with it)."""
 
-
-# ---- stdio --------------------------------------------------------------------------------------
 
 @asynccontextmanager
 async def stdio_transport(conn: Connection) -> AsyncIterator[tuple[Any, Any]]:
@@ -187,13 +183,10 @@ async def pump_stderr(stream: anyio.abc.ByteReceiveStream, log: Callable[[], IO[
 
 
 def _write_log(log: IO[bytes] | None, text: str) -> None:
-    if log is None or log.closed:
-        return
-    try:
-        log.write(text.encode("utf-8"))
-        log.flush()
-    except (OSError, ValueError):
-        pass  # a full disk must not take the connection down
+    with contextlib.suppress(OSError, ValueError):  # a full disk must not take the connection down
+        if log is not None and not log.closed:
+            log.write(text.encode("utf-8"))
+            log.flush()
 
 
 async def _stop(process: anyio.abc.Process) -> None:
@@ -228,8 +221,6 @@ async def _stop(process: anyio.abc.Process) -> None:
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
 
-
-# ---- HTTP and SSE -------------------------------------------------------------------------------
 
 
 class CappedTransport(httpx2.AsyncBaseTransport):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_factory import capabilities
+from rl_factory import capabilities, capabilities_page
 from rl_factory.capabilities import LIMITS, Unsupported
 from rl_factory.config import load_config, section
 
@@ -207,7 +207,7 @@ def test_the_docs_table_lists_every_registered_name_with_each_backends_support()
     from rl_factory.critic import CRITIC_TYPES
     from rl_factory.pipeline import AUGMENTERS, FILTERS
 
-    page = capabilities.render_markdown()
+    page = capabilities_page.render_markdown()
     rows = {tuple(c.strip(" `") for c in line.strip("|").split("|")[1:5])
             for line in page.splitlines() if line.startswith("| ") and line.count("|") == 6}
     for key, names in [("algorithm.advantage", ADVANTAGES), ("algorithm.policy_loss", POLICY_LOSSES),

@@ -61,7 +61,7 @@ def test_the_config_reference_has_every_key_of_every_config_file(site):
 def test_the_capability_page_is_generated_from_the_code(site):
     html = text_of(site, "reference/capabilities")
     try:
-        from rl_factory.capabilities import render_markdown
+        from rl_factory.capabilities_page import render_markdown
     except ImportError:
         assert "rl_factory/capabilities.py" in html
         return
