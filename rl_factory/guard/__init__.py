@@ -132,15 +132,23 @@ class Guard:
 
 
 def guard_config(cfg: Any) -> GuardConfig:
-    """The `trainer.guard` slice of a parsed config (`RunConfig`), or of a composed one (defaults where it has none)."""
+    """The `trainer.guard` slice of a parsed config (`RunConfig`), or of a composed one (defaults where it has
+    none). With async training (`trainer.max_staleness=k`) a rollout may lag by up to k versions, so the
+    receipts allow that much on either backend."""
     from rl_factory.config import section
 
-    parsed = getattr(getattr(cfg, "trainer", None), "guard", None)
-    if isinstance(parsed, GuardConfig):
-        return parsed
-    trainer = cfg.get("trainer") if hasattr(cfg, "get") else None
-    node = trainer.get("guard") if trainer is not None and hasattr(trainer, "get") else None
-    return section({"guard": node or {}}, "guard", GuardConfig)
+    trainer = getattr(cfg, "trainer", None)
+    if isinstance(getattr(trainer, "guard", None), GuardConfig):
+        guard_cfg, ahead = trainer.guard, int(trainer.max_staleness)
+    else:
+        node = cfg.get("trainer") if hasattr(cfg, "get") else None
+        node = node if node is not None and hasattr(node, "get") else {}
+        guard_cfg = section({"guard": node.get("guard") or {}}, "guard", GuardConfig)
+        ahead = int(node.get("max_staleness") or 0)
+    if ahead > guard_cfg.receipts.max_staleness:
+        guard_cfg = dataclasses.replace(guard_cfg, receipts=dataclasses.replace(guard_cfg.receipts,
+                                                                                 max_staleness=ahead))
+    return guard_cfg
 
 
 def build_guard(cfg: Any, run_dir: Path, step: int, **parts: Any):
@@ -148,10 +156,6 @@ def build_guard(cfg: Any, run_dir: Path, step: int, **parts: Any):
     from rl_factory.guard.embedded import NoGuard, TrainerGuard
 
     guard_cfg = guard_config(cfg)
-    ahead = int(getattr(getattr(cfg, "trainer", None), "max_staleness", 0) or 0)
-    if ahead > guard_cfg.receipts.max_staleness:  # async training: rollouts may lag by up to k versions
-        guard_cfg = dataclasses.replace(guard_cfg, receipts=dataclasses.replace(guard_cfg.receipts,
-                                                                                 max_staleness=ahead))
     if not guard_cfg.enabled:
         return NoGuard()
     return TrainerGuard(guard_cfg, cfg, run_dir, step, **parts)

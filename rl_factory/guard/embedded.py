@@ -37,7 +37,7 @@ class TrainerGuard:
     """The embedded trainer's guard (rl_factory/guard/__init__.py shows the calls).
 
     Args:
-        cfg: the `trainer.guard` slice; config: the whole composed config.
+        cfg: the `trainer.guard` slice; config: the parsed config (`RunConfig`; its `composed` goes into bundles).
         run_dir: the run directory; step: the step the run starts after (0, or the resumed checkpoint's).
         policy, agent, scorer: the trainer's (the engine is `agent.engine`).
     """
@@ -52,7 +52,7 @@ class TrainerGuard:
         if tools:
             states["tools"]["doctor"] = _doctor_round_trip(agent, tools, str(config.env.parser))
         states["entropy"] = {"sampled": float(config.rollout.temperature) > 0}
-        self.guard = Guard(cfg, run_dir, redacted(getattr(config, "composed", config)), states)
+        self.guard = Guard(cfg, run_dir, redacted(config.composed), states)
         self.sync(step)
 
     def sync(self, version: int) -> None:
