@@ -103,11 +103,10 @@ def _quiet_transformers() -> None:
 
 def _doctor(overrides: list[str], command: str) -> int:
     """`--doctor`: check the setup without training; the table on stdout, exit 0 only if all pass."""
-    import asyncio
-
+    from rl_factory import interrupt
     from rl_factory.doctor import run_doctor
 
-    report = asyncio.run(run_doctor(overrides, mode=command))
+    report = interrupt.run(run_doctor(overrides, mode=command))
     print(report.table())
     return 0 if report.ok else 1
 
@@ -156,18 +155,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sigterm_as_ctrl_c() -> list[int]:
-    """Turn SIGTERM into SIGINT, whose handler (asyncio.run's) cancels the run so that its cleanup runs;
-    Python's default for SIGTERM kills the process on the spot, orphaning per-episode servers. Returns a
-    list that holds the signal once one arrived."""
+    """Make SIGTERM stop the run as Ctrl-C does: the running loop's main task is cancelled so that its cleanup
+    runs (Python's default for SIGTERM kills the process on the spot, orphaning per-episode servers), also
+    when the job started with SIGINT ignored (a background job of a script). Returns a list that holds the
+    signal once one arrived."""
+    from rl_factory.interrupt import request_stop
+
     seen: list[int] = []
 
     def forward(signum, frame) -> None:
         seen.append(signum)
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            # Started with SIGINT ignored (a background job of a script): no handler would hear a SIGINT,
-            # and asyncio.run installs none; stop here as Ctrl-C would in a synchronous phase.
-            raise KeyboardInterrupt
-        os.kill(os.getpid(), signal.SIGINT)
+        request_stop()
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, forward)

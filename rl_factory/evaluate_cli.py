@@ -6,7 +6,6 @@ With no `model.path`, the model is the last checkpoint of the run the same confi
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory import analysis
+from rl_factory import interrupt
 from rl_factory import checkpoint as ckpt
 from rl_factory.components import build_agent, check_reward_columns, closing_engine, load_rows, open_env
 from rl_factory.config import ConfigError, RunConfig, parse
@@ -73,7 +73,7 @@ EVAL_ENGINES = {"hf": _embedded, "openai": _served}
 def run_eval(cfg) -> dict[str, Any]:
     """Evaluate for a composed eval config (configs/eval.yaml): `model.path` settled, then parsed once."""
     model_path(cfg)
-    return asyncio.run(_run_eval(parse(cfg)))
+    return interrupt.run(_run_eval(parse(cfg)))
 
 
 def _output_dir(e: EvalConfig, model_path: str) -> Path:

@@ -16,7 +16,6 @@ manifest with `scope: episode` servers: the episodes' state is gone); `state` is
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import csv
 import json
@@ -26,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rl_factory import interrupt
 from rl_factory.jsonl import WRITE_ERRORS
 from rl_factory.base.types import ToolCall, ToolResult, Trajectory, Turn
 
@@ -88,7 +88,7 @@ def rebuild(record: dict[str, Any], sample: dict[str, Any]) -> Trajectory:
 
 def rescore(run_dir: str | Path, overrides: list[str], split: str = "all", out: str | Path | None = None) -> dict:
     """Re-score the run's stored rollouts; returns the summary (also written to `<out>/summary.json`)."""
-    return asyncio.run(_rescore(Path(run_dir), overrides, split, Path(out) if out else Path(run_dir) / "rescore"))
+    return interrupt.run(_rescore(Path(run_dir), overrides, split, Path(out) if out else Path(run_dir) / "rescore"))
 
 
 async def _rescore(run_dir: Path, overrides: list[str], split: str, out: Path) -> dict:

@@ -14,7 +14,6 @@ A run killed at any point resumes from its last checkpoint with `trainer.resume=
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import gc
@@ -30,6 +29,7 @@ import torch
 from omegaconf import DictConfig
 
 from rl_factory import capabilities
+from rl_factory import interrupt
 from rl_factory import checkpoint as ckpt
 from rl_factory.allocator import update_peak_bytes, warm_heap
 from rl_factory.components import (RewardConfig, SamplingConfig, build_agent, check_reward_columns, closing_engine,
@@ -47,7 +47,6 @@ from rl_factory.policy import load_policy
 from rl_factory.providers import ProviderContext, build_providers
 from rl_factory.run import RunDir, StepProgress
 from rl_factory.tracking import Tracker, check_loggers
-from rl_factory.interrupt import interruptible
 from rl_factory.update import AlgorithmConfig, NonFiniteGuard, OptimConfig, load_reference, update_policy
 from rewards.scorer import build_scorer
 
@@ -82,7 +81,7 @@ def train(cfg: RunConfig | DictConfig) -> dict[str, Any]:
     """Run training from a parsed config (or a composed one, parsed here once); returns the final summary."""
     cfg = cfg if isinstance(cfg, RunConfig) else parse(cfg)
     try:
-        return asyncio.run(_train(cfg))
+        return interrupt.run(_train(cfg))
     finally:
         gc.unfreeze()  # a caller that goes on (a notebook, the tests) gets its heap collected again
 
@@ -194,7 +193,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                 if ahead is not None:  # in a thread, then its weights go to the generator
                     actor = {**await ahead.update(update, step), **ahead.metrics(trajs, step)}
                 else:
-                    with interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
+                    with interrupt.interruptible():  # synchronous: Ctrl-C / SIGTERM stop it now, not after it
                         actor = update()
                 t3 = time.perf_counter()
                 # 7. Log, write rollouts, validate and checkpoint.
