@@ -7,8 +7,12 @@ Policy version v is the weights after v updates; step s trains from version s - 
   with the run's one `RolloutPipeline` (filters, dynamic sampling and arena tournaments included: a batch
   is collected whole, so a group always meets complete). Step s's batch may start once version
   s - 1 - k exists, so a trajectory is trained at most k versions after the version of its first token;
-  with k = 0 that is exactly the on-policy order. The update runs in a worker thread so that the event
-  loop (tool calls, parsing, rewards) keeps serving the rollouts meanwhile.
+  with k = 0 that is exactly the on-policy order. Batches overlap: step s + 1's starts as soon as the bound
+  allows, while step s's trajectories still wait on their tools, and the engine admits the older step's
+  turns first (`SamplingParams.priority`). Each batch draws its prompts when it starts, so the sampler
+  stays in step order; with dynamic sampling (later rounds draw mid-batch) batches run one at a time.
+  The update runs in a worker thread, on the cores the decode thread leaves (`update_threads`), so that
+  the event loop (tool calls, parsing, rewards) keeps serving the rollouts meanwhile.
 - **Weights reach the generator.** The engine generates from its own copy of the model (for LoRA the whole
   peft model; only the trainable tensors, the adapters, travel). After each update the trainable tensors
   are cloned (`snapshot`) and handed to the engine, whose decode thread copies them in between two decode
@@ -27,6 +31,7 @@ Policy version v is the weights after v updates; step s trains from version s - 
 
 Metrics (each step): async/staleness/mean|max (versions between a trained trajectory's first token and
 the weights it trains), async/version_spans/mean (versions per trajectory; 1 = one policy sampled it),
+async/batches_in_flight (batches being collected when this step's started, itself included),
 timing/generator_idle_s (the background collector waited for the staleness bound) and
 timing/trainer_idle_s (the trainer waited for its batch).
 
@@ -40,7 +45,6 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -139,11 +143,12 @@ class Ahead:
         self._first = step + 1
         self._batches: dict[int, asyncio.Future] = {}
         self._states: dict[int, dict] = {}
+        self._in_flight: dict[int, int] = {}  # batches being collected when each step's started (itself included)
         self._versions = asyncio.Condition()
         self._task: asyncio.Task | None = None
         self.generator_idle_s = 0.0
         self.trainer_idle_s = 0.0
-        self._threads = torch.get_num_threads()
+        self._threads = update_threads(self.engine)
 
     async def __aenter__(self) -> Ahead:
         return self
@@ -167,20 +172,46 @@ class Ahead:
 
     async def _collect_ahead(self) -> None:
         step = self._first
+        running: set[asyncio.Task] = set()
         try:
             for step in range(self._first, self.total_steps + 1):
                 start = time.perf_counter()
                 async with self._versions:  # the staleness bound: version step - 1 - k must exist
                     await self._versions.wait_for(lambda: self.version >= step - 1 - self.k)
                 self.generator_idle_s += time.perf_counter() - start
+                if any(f.done() and f.exception() is not None for f in self._batches.values()):
+                    return  # an earlier batch failed: the trainer stops at it
                 self._states[step] = self.sampler.state_dict()
-                self._batches[step].set_result(await self.pipeline.collect(step))
+                self._in_flight[step] = len(running) + 1
+                collecting = self._deliver(step, self.pipeline.start(step))  # its prompts are drawn here
+                if self.pipeline.one_draw:
+                    # Run it beside the batches still collecting: its trajectories decode while theirs wait
+                    # on tools. Its prompts are drawn, so the sampler stays in step order.
+                    task = asyncio.create_task(collecting, name=f"rl_factory-batch-{step}")
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                else:  # dynamic sampling draws more rounds mid-batch: one batch at a time keeps step order
+                    await collecting
+            await asyncio.gather(*running)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the trainer awaiting this step (or a later one) raises it
             for s in range(step, self.total_steps + 1):
                 if not self._batches[s].done():
                     self._batches[s].set_exception(exc)
+        finally:
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _deliver(self, step: int, collecting) -> None:
+        """Step `step`'s batch (or its error) to the trainer waiting for it."""
+        try:
+            self._batches[step].set_result(await collecting)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._batches[step].set_exception(exc)
 
     async def update(self, run: Callable[[], dict[str, float]], step: int) -> dict[str, float]:
         """Run the update `run()` in a worker thread (rollouts go on meanwhile), then publish version `step`."""
@@ -218,7 +249,8 @@ class Ahead:
         trained = step - 1
         spans = [t.version_spans for t in trajs]
         stale = [trained - s[0][0] for s in spans if s]
-        out = {"timing/generator_idle_s": self.generator_idle_s, "timing/trainer_idle_s": self.trainer_idle_s}
+        out = {"timing/generator_idle_s": self.generator_idle_s, "timing/trainer_idle_s": self.trainer_idle_s,
+               "async/batches_in_flight": float(self._in_flight.pop(step, 1))}
         self.generator_idle_s = self.trainer_idle_s = 0.0
         if stale:
             out.update({"async/staleness/mean": sum(stale) / len(stale), "async/staleness/max": float(max(stale)),
@@ -227,6 +259,19 @@ class Ahead:
                 raise RuntimeError(f"step {step}: a trajectory is {max(stale)} versions stale, past "
                                    f"trainer.max_staleness={self.k}")
         return out
+
+
+def update_threads(engine) -> int:
+    """torch threads for the update, which now runs while the engine decodes: the cores the decode thread
+    leaves (`HFEngine.threads`: all but one by default), at least one. On two cores the update on two threads
+    beside a one-thread decode put three busy threads on two cores, and each of torch's parallel regions
+    waited at its barrier for a thread the OS had put aside: the update took 2.5-4x its on-policy time
+    (0.42-0.69 s against 0.15-0.17 s, the default job on 2 cores, benchmarks/async_training.py)."""
+    total = torch.get_num_threads()
+    decode = getattr(engine, "threads", 0)
+    if decode and getattr(engine, "threads_auto", False) and not getattr(engine, "started", True) and total > 2:
+        engine.threads = decode = max(1, total // 2)  # not started yet: split the cores between the two
+    return max(1, total - decode) if decode else total
 
 
 def build_ahead(max_staleness: int, partial: bool, pipeline, sampler, agent, policy, step: int,

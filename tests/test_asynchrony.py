@@ -112,6 +112,37 @@ def test_partial_swap_switches_a_running_row_between_tokens(tiny_model_dir, calc
     assert (torch.tensor(gen.logprobs[cut + 1:]) - old[cut + 1:]).abs().max() > 0.01
 
 
+def test_engine_admits_the_older_steps_turns_first(tiny_model_dir, calculator_tools):
+    """Overlapping batches: a request of an older step (lower `priority`) that waits for room goes before a
+    newer step's that arrived earlier; the tokens do not depend on the order (each row has its own stream)."""
+    policy = load_policy(ModelConfig(path=str(tiny_model_dir), device="cpu"), calculator_tools)
+    engine = HFEngine(policy.model, eos_token_id=-1, pad_token_id=policy.tokenizer.pad_token_id, max_batch_size=1)
+    prompt = _prompt(policy)
+    finished: list[str] = []
+
+    async def generate(name, priority, tokens):
+        params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=tokens, seed=3, priority=priority)
+        out = await engine.generate(prompt, params)
+        finished.append(name)
+        return out
+
+    async def run():
+        try:
+            first = asyncio.create_task(generate("running", 0, 40))
+            while not (engine._batch and engine._batch.rows):
+                await asyncio.sleep(0.001)
+            newer = asyncio.create_task(generate("step 3", 3, 5))
+            await asyncio.sleep(0.05)  # it arrives first
+            older = asyncio.create_task(generate("step 2", 2, 5))
+            return await asyncio.gather(first, newer, older)
+        finally:
+            await engine.close()
+
+    _, newer, older = asyncio.run(run())
+    assert finished == ["running", "step 2", "step 3"]
+    assert newer.token_ids == older.token_ids  # the same seed and prompt: the order changed nothing else
+
+
 def test_trajectory_gate_swaps_only_when_no_trajectory_runs():
     async def run():
         gate, events = TrajectoryGate(), []
@@ -164,6 +195,28 @@ def test_async_run_keeps_the_staleness_bound_and_records_versions(tiny_model_dir
                 assert len(spans) == 1  # one version per trajectory
     if partial == "false":
         assert all(m["async/version_spans/mean"] == 1 for m in metrics[1:])
+
+
+def _sample_indices(run_dir, steps):
+    return [sorted({line["sample_index"] for line in _rollouts(run_dir, s)}) for s in range(1, steps + 1)]
+
+
+@pytest.mark.slow  # real training runs
+def test_batches_overlap_and_draw_the_prompts_of_the_on_policy_order(tiny_model_dir, tmp_path, marked_manifest):
+    """With k=1, step 2's batch starts beside step 1's (version 0 already allows it), and each step still trains
+    the prompts the on-policy run draws for it; with dynamic sampling (later rounds draw mid-batch) batches run
+    one at a time."""
+    manifest, _ = marked_manifest
+    runs = {"k0": [], "k1": ["trainer.max_staleness=1"],
+            "dynamic": ["trainer.max_staleness=1", "rollout.dynamic_sampling.min_groups=1"]}
+    for name, extra in runs.items():
+        result = run_script("main_grpo.sh", *tiny_overrides(tiny_model_dir, tmp_path / name, manifest),
+                            "trainer.total_steps=3", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+    k1 = metrics_lines(tmp_path / "k1")[1:]
+    assert [m["async/batches_in_flight"] for m in k1[:2]] == [1, 2]
+    assert _sample_indices(tmp_path / "k1", 3) == _sample_indices(tmp_path / "k0", 3)
+    assert all(m["async/batches_in_flight"] == 1 for m in metrics_lines(tmp_path / "dynamic")[1:])
 
 
 @pytest.mark.slow  # a real training run

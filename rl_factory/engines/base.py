@@ -23,6 +23,10 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    # Admission order when requests wait for room in the engine's batch: lower first, then arrival. The
+    # async trainer gives each batch its step, so an older batch's turns coming back from their tools go
+    # before a newer batch's (its trainer waits for the older one); tokens never depend on it.
+    priority: int = 0
 
 
 def derive_seed(seed: int | None, *keys: int) -> int | None:

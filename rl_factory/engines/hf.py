@@ -90,6 +90,7 @@ class HFEngine:
         self.prefix_cache = prefix_cache
         self.admit_every = admit_every
         self.threads = threads or max(1, torch.get_num_threads() - 1)
+        self.threads_auto = not threads  # the default split: the async trainer may split the cores anew
         self.max_context = max_context
         self.kv_prealloc_bytes = kv_prealloc_bytes
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
@@ -158,6 +159,11 @@ class HFEngine:
         self._thread = None
 
     @property
+    def started(self) -> bool:
+        """The decode thread has started (its torch thread count, `threads`, is fixed from then on)."""
+        return self._thread is not None
+
+    @property
     def kv_slots(self) -> KVSlots | None:
         """The running batch's key/value slots (None before the first request)."""
         return self._batch.kv if self._batch is not None else None
@@ -205,6 +211,7 @@ class HFEngine:
                     self._inbox.put(None)
                     break
                 pending.append(item)
+            pending.sort(key=lambda r: r.params.priority)  # stable: arrival order among equals
             # Each prefill is a forward of its own: while rows decode, requests coming back from their
             # tools wait up to `admit_every` steps to be prefilled together (results do not depend on it).
             room = self.max_batch_size - len(batch.rows)

@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
+from collections.abc import Coroutine
 from typing import Any
 
 from rl_factory import capabilities
@@ -129,6 +130,21 @@ class RolloutPipeline:
 
     async def collect(self, step: int) -> Batch:
         """Rounds of rollouts until enough groups survive the filters (see the module docstring)."""
+        return await self.start(step)
+
+    @property
+    def one_draw(self) -> bool:
+        """A batch draws its prompts once, when it starts (no dynamic sampling: no later rounds)."""
+        return self.cfg.dynamic_sampling.min_groups is None
+
+    def start(self, step: int) -> Coroutine[Any, Any, Batch]:
+        """Draw step `step`'s first round of prompts now; the returned coroutine rolls them out (and draws
+        any further rounds when they are due). With `one_draw`, batches started one after another hold the
+        sampler's prompts in step order whatever order they finish in (the async trainer runs them at once)."""
+        first = self.sampler.next_indices(self.batch_size)
+        return self._collect(step, first)
+
+    async def _collect(self, step: int, first: list[int]) -> Batch:
         target, max_rounds = self.cfg.dynamic_sampling.min_groups, self.cfg.dynamic_sampling.max_rounds
         groups: list[Group] = []
         scores: list[float] = []
@@ -137,9 +153,9 @@ class RolloutPipeline:
         rounds: list[tuple[int, dict[str, float]]] = []
         drawn = 0
         while True:
-            size = self._round_size(target, len(groups), drawn)
-            drawn += size
-            generated, metrics = await self._generate(size, derive_seed(self.seed, step, len(rounds)))
+            indices = first if not rounds else self.sampler.next_indices(self._round_size(target, len(groups), drawn))
+            drawn += len(indices)
+            generated, metrics = await self._generate(indices, derive_seed(self.seed, step, len(rounds)), step)
             trajs += [t for g in generated for t in g.trajectories]
             kept, values, more = await self._filter(generated, step, dropped)
             groups += kept
@@ -174,14 +190,14 @@ class RolloutPipeline:
             return max(self.batch_size, missing)
         return min(max(self.batch_size, missing), max(missing, math.ceil(missing * drawn / kept)))
 
-    async def _generate(self, num_prompts: int, seed: int | None) -> tuple[list[Group], dict[str, float]]:
-        """Draw prompts, roll out `group_size` trajectories each and score them (as each finishes)."""
+    async def _generate(self, indices: list[int], seed: int | None, step: int) -> tuple[list[Group], dict[str, float]]:
+        """Roll out `group_size` trajectories for each drawn prompt and score them (as each finishes). The
+        engine admits an older step's turns first (the async trainer's batches overlap)."""
         t0 = time.perf_counter()
-        indices = self.sampler.next_indices(num_prompts)
         samples = [self.rows[i] for i in indices]
         # Each trajectory is scored in its own episode, as it finishes (a reward's `tools` reach its servers).
-        groups = await self.agent.rollout_groups(samples, indices, self.group_size, replace(self.params, seed=seed),
-                                                 scorer=self.scorer)
+        params = replace(self.params, seed=seed, priority=step)
+        groups = await self.agent.rollout_groups(samples, indices, self.group_size, params, scorer=self.scorer)
         trajs = [t for g in groups for t in g.trajectories]
         failed = [t for t in trajs if t.dropped_by == EPISODE_FAILED]
         if failed and len(failed) == len(trajs):  # nothing to train on: a setup error, not one bad sample
