@@ -2,7 +2,8 @@
 
 Without loading weights or training, in order (a check whose inputs failed is skipped, not run):
 
-    config          the config composes and every slice and registry name is valid
+    config          the config composes and every slice and registry name is valid; on verl, verl's config
+                    composed and checked as verl would (backends/verl/validate.py), no model built, no Ray
     run directory   (training) a fresh directory, the same run to resume, or another run (refused)
     data            the rows load, and every row has the columns the reward names
     environment     (env.environment only) the class loads, its hooks are async, reset of the first row

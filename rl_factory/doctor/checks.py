@@ -28,6 +28,7 @@ async def config(doc) -> str:
     from envs.parsers import PARSERS
 
     ours, theirs = split_overrides(doc.overrides) if doc.mode == "train" else (doc.overrides, [])
+    verl = ""
     try:
         cfg = load_config("grpo" if doc.mode == "train" else "eval", ours)
         backend = cfg.trainer.backend
@@ -44,6 +45,8 @@ async def config(doc) -> str:
             s["trainer"] = run.trainer
             get_advantage(run.algorithm.advantage), get_policy_loss(run.algorithm.policy_loss)
             check_training(run)  # as the run would: names, pipeline, the capability table for its backend
+            if backend == "verl":  # verl's own checks of the config it composes (backends/verl/validate.py)
+                verl = f"; {_verl_checks(run, theirs)}"
         else:
             s["eval"] = run.eval
         PARSERS.lookup(s["env_cfg"].parser), get_context_policy(s["rollout"].context)
@@ -53,7 +56,22 @@ async def config(doc) -> str:
                           "fix the key it names (bash main_grpo.sh --cfg job prints the composed config)")
     s["cfg"] = run
     extra = f", {len(theirs)} key(s) passed to verl" if theirs else ""
-    return f"composes ({len(doc.overrides)} override(s){extra}); backend {run.trainer.backend}"
+    return f"composes ({len(doc.overrides)} override(s){extra}); backend {run.trainer.backend}{verl}"
+
+
+def _verl_checks(run, raw_overrides: list[str]) -> str:
+    """verl's config composed and checked as `--cfg job` and the launcher check it (a `builtin:` model is not
+    built, Ray not started); this machine's GPUs only warned about: the doctor may run on a login node."""
+    from rl_factory.backends.verl.launcher import check_gpus, checked_config
+    from rl_factory.config import ConfigError
+
+    cfg = checked_config(run, raw_overrides)
+    try:
+        check_gpus(cfg)
+        gpus = ""
+    except ConfigError as exc:
+        gpus = f"; warning: a run started here would stop: {exc}"
+    return "verl validated its config (validate_config, its workers' dataclasses and assertions, unknown keys)" + gpus
 
 
 @check("run directory", needs=("trainer",))

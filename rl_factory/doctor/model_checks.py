@@ -9,7 +9,7 @@ from rl_factory.doctor.checks import PROMPT_ROWS
 from rl_factory.doctor.registry import CheckFailed, check, one_line
 
 
-@check("chat template", needs=("model", "tools"), gives=("fmt",))
+@check("chat template", needs=("model", "cfg", "tools"), gives=("fmt",))
 async def chat_template(doc) -> str:
     from rl_factory.chat import ChatFormat
 
@@ -21,7 +21,7 @@ async def chat_template(doc) -> str:
     return f"{where}: eos {tokenizer.eos_token!r}"
 
 
-@check("model build", needs=("model",))
+@check("model build", needs=("model", "cfg"))
 async def model_build(doc) -> str | None:
     """A builtin model: built already (where), or what the first run's build will cost on this machine."""
     model = doc.state["model"]

@@ -175,6 +175,10 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
     (["algorithm.advantage=gae", "algorithm.critic.vf_coef=0.25"],
      "error: algorithm.critic.vf_coef=0.25 is not supported on the verl backend with algorithm.advantage=gae"),
     (["worker_fetch=some"], "worker_fetch='some': expected one of needed, all"),
+    # verl's own checks before printing (validate.py; the cases: tests/backends/test_verl_validate.py)
+    (["+actor_rollout_ref.rollout.gpu_memory_utilisation=0.5"],
+     "error: unknown verl key actor_rollout_ref.rollout.gpu_memory_utilisation (did you mean "
+     "actor_rollout_ref.rollout.gpu_memory_utilization?)"),
 ])
 def test_bad_verl_configs_fail_with_one_line(args, message, tmp_path):
     run = subprocess.run(["bash", "main_grpo.sh", "trainer.backend=verl", *args, "--cfg", "job"],

@@ -241,7 +241,8 @@ def test_nothing_is_written_before_verl_validates_the_config(tmp_path):
     from rl_factory.config import ConfigError
 
     run = tmp_path / "run"
-    with pytest.raises(ConfigError, match="verl rejected the config: real_train_batch_size"):
+    with pytest.raises(ConfigError, match=r"^verl rejects data\.train_batch_size x actor_rollout_ref\.rollout\.n .*: "
+                                         r"real_train_batch_size \(9\) must be divisible"):
         train(_verl_config(run, "data.train_batch_size=3", "rollout.n=3"), ["actor_rollout_ref.actor.use_dynamic_bsz=false"])
     assert not run.exists()  # neither verl_data/ nor config.yaml
 

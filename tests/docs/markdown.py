@@ -92,15 +92,23 @@ class Command:
     line: int
     text: str
     words: list[str]
+    # the error the page shows for it: the comment right after it, `# error: ...` or a `# config  FAIL  ...`
+    # row of --doctor (continued on `#   ` lines; a trailing "..." cuts it short)
+    shown_error: str | None = None
 
     @property
     def where(self) -> str:
         return f"{self.block.path.relative_to(REPO)}:{self.line}: {self.text[:140]}"
 
 
+SHOWN_ERROR = re.compile(r"^#\s*(?:error:|config\s+FAIL)\s+(?P<text>.*)")
+SHOWN_MORE = re.compile(r"^#\s{2,}(?P<text>\S.*)")
+
+
 def commands(block: Block) -> list[Command]:
     out: list[Command] = []
     pending, start = "", 0
+    last: list[Command] = []  # the commands of the line before, which a shown error belongs to
     for offset, raw in enumerate(block.text.splitlines()):
         if not pending:
             start = block.line + offset
@@ -110,6 +118,14 @@ def commands(block: Block) -> list[Command]:
             continue
         full = (pending + line).strip()
         pending = ""
+        shown, more = SHOWN_ERROR.match(full), SHOWN_MORE.match(full)
+        for c in last:
+            if shown:
+                c.shown_error = shown["text"]
+            elif more and c.shown_error is not None:
+                c.shown_error += " " + more["text"]
+        if not (shown or more and last and last[0].shown_error is not None):
+            last = []
         if not full or full.startswith("#"):
             continue
         try:
@@ -119,9 +135,9 @@ def commands(block: Block) -> list[Command]:
             words = list(lexer)
         except ValueError:
             words = full.split()
-        for part in _split_on_operators(words):
-            if part:
-                out.append(Command(block, start, full.split("  #")[0].strip(), part))
+        text = full.split("  #")[0].strip()
+        last = [Command(block, start, text, part) for part in _split_on_operators(words) if part]
+        out += last
     return out
 
 

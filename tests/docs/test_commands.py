@@ -3,7 +3,8 @@
 Each ```bash block parses (`bash -n`); every command names the venv's Python (bare `python` is the system's);
 every file of the repository it names exists; every `key=value` of a `bash main_grpo.sh` / `main_eval.sh`
 command is a key the config has (composed in-process the way `--cfg job` composes it, verl's keys
-included); and the cheap ones run: `python -m envs list|call`, `--help`, `--cfg job`.
+included), and one the page shows failing (`# error: ...` after it) fails with that line; and the cheap ones
+run: `python -m envs list|call`, `--help`, `--cfg job`.
 """
 from __future__ import annotations
 
@@ -118,9 +119,21 @@ def test_every_override_in_the_docs_is_a_config_key(monkeypatch):
         if any(w.startswith("trainer.backend=verl") for w in overrides):
             pytest.importorskip("verl", reason="verl's keys need .[verl-cpu] (bash setup.sh --dev)")
         error = _compose(mode, overrides)
-        if error:
+        if c.shown_error is not None:
+            errors += _shown_error_problems(c, error)
+        elif error:
             errors.append(f"{c.where}: {error}")
     assert errors == [], "\n".join(errors)
+
+
+def _shown_error_problems(c: Command, error: str | None) -> list[str]:
+    """A command the page shows failing fails with the line shown. A `--cfg job` or `--doctor` command must
+    fail so when composed; a run's refusal may come later than `--cfg job` gets (the capability table)."""
+    shown = c.shown_error.removesuffix("...").rstrip()
+    if error is None:
+        strict = any(w in ("--cfg", "--doctor") for w in c.words)
+        return [f"{c.where}: composes, but the page shows it failing with: {shown}"] if strict else []
+    return [] if error.startswith(shown) else [f"{c.where}: fails with {error!r}, the page shows: {shown}"]
 
 
 def test_the_override_check_rejects_a_misspelled_key(monkeypatch):

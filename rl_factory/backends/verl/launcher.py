@@ -4,8 +4,9 @@ Steps, in the order a user sees their errors: our plugin must be in verl's regis
 estimator names would fail deep inside a Ray actor); the combination must be one verl can run (the
 capability table, supported.py); the run directory must be this run's (`RunDir.claim`, the embedded
 trainer's check and message: a directory written under another config is refused, `trainer.resume=never`
-moves to a fresh sibling); the verl config is composed (`--cfg job` prints it here, before any file is
-written or Ray starts); verl's own `validate_config` runs; only then is anything written: our data in
+moves to a fresh sibling); the verl config is composed and checked as verl would check it, on the driver
+and later in its workers (validate.py: `--cfg job` and `--doctor` run the same checks; `--cfg job` prints
+the config after them, before any file is written or Ray starts); only then is anything written: our data in
 verl's Parquet layout in `<output_dir>/verl_data/`, and after the GPU and install checks `config.yaml` and
 `run.json`; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
 fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
+from rl_factory.backends.verl.validate import check_verl_config
 from rl_factory.config import ConfigError, RunConfig, check_training, parse, printable, redacted, worker_config
 
 log = logging.getLogger("rl_factory.verl")
@@ -108,16 +110,9 @@ def model_path(ours: RunConfig, build: bool) -> str:
 
 
 def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
-    """Run (or with `print_only` = "job" / "resolve", print) the verl training job for our config (a
+    """Run (or with `print_only` = "job" / "resolve", check and print) the verl training job for our config (a
     composed one is parsed here, once)."""
-    try:
-        import verl  # noqa: F401  (importing verl runs our verl.plugins entry point)
-    except ImportError as exc:
-        raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
-                          f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
-    from rl_factory.backends.verl.config import compose_verl
-    from rl_factory.backends.verl.pipeline import check_verl_pipeline
-
+    _import_verl()
     ours = ours if isinstance(ours, RunConfig) else parse(ours)
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
     check_training(ours)  # the table with our keys, before a builtin model is built; with verl's after composing
@@ -125,15 +120,45 @@ def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_onl
     if print_only is None:  # the run directory is this run's, or the run stops here (reads only)
         run_dir = claim_run_dir(ours, list(raw_overrides))
         ours = _with_output_dir(ours, run_dir.path)
-    ours = absolute(ours)
-    out_dir = Path(ours.trainer.output_dir)
-    files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
-    cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=print_only is None))
-    check_verl_pipeline(ours, cfg)  # the pipeline's keys, and the capability table with verl's keys (supported.py)
+    cfg = compose(ours, raw_overrides, build_model=print_only is None)
     if print_only is not None:
+        check_verl_config(cfg)  # what verl would refuse, on the driver or minutes later in a worker
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}
     return run(cfg, run_dir)
+
+
+def checked_config(ours: RunConfig, raw_overrides: list[str] = ()) -> DictConfig:
+    """verl's config for ours with every check `train` makes of it before the run directory: `--doctor`'s
+    config check. Builds no model (a `builtin:` one stays a name) and starts no Ray."""
+    _import_verl()
+    check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
+    cfg = compose(ours, raw_overrides, build_model=False)
+    check_verl_config(cfg)
+    return cfg
+
+
+def compose(ours: RunConfig, raw_overrides: list[str], build_model: bool) -> DictConfig:
+    """verl's config for ours (its paths made absolute), with the pipeline's keys checked (pipeline.py)."""
+    from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.pipeline import check_verl_pipeline
+
+    ours = absolute(ours)
+    out_dir = Path(ours.trainer.output_dir)
+    files = {split: str(out_dir / "verl_data" / f"{split}.parquet") for split in ("train", "val")}
+    cfg = compose_verl(ours, list(raw_overrides), files, model_path(ours, build=build_model))
+    check_verl_pipeline(ours, cfg)  # the pipeline's keys, and the capability table with verl's keys (supported.py)
+    return cfg
+
+
+def _import_verl() -> None:
+    import importlib
+
+    try:
+        importlib.import_module("verl")  # importing verl runs our verl.plugins entry point
+    except ImportError as exc:
+        raise ConfigError(f"trainer.backend=verl needs verl: bash setup.sh --verl on GPU nodes (pip install -e "
+                          f"'.[verl]'), --verl-cpu elsewhere ({exc})") from None
 
 
 def claim_run_dir(ours: RunConfig | DictConfig, raw_overrides: list[str]) -> Any:
@@ -244,18 +269,13 @@ def guard_stop(exc: BaseException):
 
 
 def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
-    """verl's own checks, then the first writes (data, config.yaml, `run_dir`'s run.json), then its trainer
-    (mirrors verl.trainer.main_ppo.main)."""
+    """verl's checks (check_verl_config), then the first writes (data, config.yaml, `run_dir`'s run.json),
+    then its trainer (mirrors verl.trainer.main_ppo.main)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     auto_set_device(cfg)
-    try:
-        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    except (AssertionError, ValueError) as exc:
-        raise ConfigError(f"verl rejected the config: {exc}") from None
+    check_verl_config(cfg)  # validate_config and what verl's workers would refuse (validate.py)
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     write_data(cfg.rl_factory, out_dir)
     check_gpus(cfg)
