@@ -2,7 +2,8 @@
 
 A checkpoint is `checkpoints/step_NNNNNN/`: the model and tokenizer in Hugging Face format (so
 `AutoModelForCausalLM.from_pretrained` loads it directly) plus `trainer_state.pt` (optimizer,
-scheduler, data sampler position, RNG states, step). It is written into a hidden temporary
+scheduler, data sampler position, RNG states, step) and `guard_state.json` (what the run guard's
+checks learned, rl_factory/guard/state.py). It is written into a hidden temporary
 directory and renamed into place, so a run killed while saving leaves the previous checkpoint
 intact and never a half-written one that resume would pick up. Re-saving a step that exists (after
 a resume) first renames the old directory away (`.old-step_NNNNNN`), renames the new one in, and
@@ -67,7 +68,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
                     keep: int = 0, extra: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `step` atomically, then prune to the newest `keep` (0 keeps all).
 
-    `extra` maps file names to objects `torch.save`d next to trainer_state.pt (e.g. value_head.pt).
+    `extra` maps file names to objects saved next to trainer_state.pt: `torch.save`d (e.g. value_head.pt), or
+    written as JSON when the name ends in `.json` (the run guard's guard_state.json, rl_factory/guard/state.py).
     """
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
@@ -77,7 +79,12 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
     for name, obj in (extra or {}).items():
-        torch.save(obj, tmp / name)
+        if name.endswith(".json"):
+            from rl_factory.guard.state import to_json
+
+            (tmp / name).write_text(to_json(obj), encoding="utf-8")
+        else:
+            torch.save(obj, tmp / name)
     _fsync_dir(tmp)
     old = final.parent / f"{OLD_PREFIX}{final.name}"
     if final.exists():  # re-saving a step after resume: move the old one away, never delete it first

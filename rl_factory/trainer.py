@@ -146,7 +146,7 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
         ahead = build_ahead(t_cfg.max_staleness, t_cfg.partial_rollouts, pipeline, sampler, agent, policy, step,
                             t_cfg.total_steps)
         tracker = Tracker(run.path, t_cfg.logger, config=run.config, resume_step=step + 1 if step else 0)
-        guard = build_guard(cfg, run.path, step, policy=policy, agent=agent, scorer=scorer)
+        guard = build_guard(cfg, run.path, step, policy=policy, agent=agent, scorer=scorer, resume_from=resume_from)
         providers.start(run.path, resume_step=step + 1 if step else 0)  # e.g. the tournament's rankings.csv
         if policy.device.type == "cpu":  # an update's peak memory, touched once now instead of in the steps
             warm_heap(update_peak_bytes(policy.model.config, optim_cfg.micro_batch_tokens
@@ -220,7 +220,8 @@ async def _train(cfg: RunConfig) -> dict[str, Any]:
                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "sampler": ahead.sampler_state(step) if ahead else sampler.state_dict(),
                         "history": history,
-                    }, keep=t_cfg.keep_checkpoints, extra=providers.checkpoint_files())
+                    }, keep=t_cfg.keep_checkpoints, extra={**(providers.checkpoint_files() or {}),
+                                                           **guard.checkpoint_files()})  # guard_state.json
             progress.close()
         tracker.close()
     scorer.close()  # reward worker processes, if any

@@ -109,6 +109,11 @@ class HFEngine:
         self.version: int | None = None
         self.weights: str | None = None
         self.tracks_versions = False
+        # Under LoRA, the synced fingerprint's parts: the parameters' and, as one tuple (read by the decode thread
+        # in every forward), the adapter layers with the state they were synced in. A forward that finds another
+        # state stamps its rows with it (rl_factory/engines/hf_batch.py).
+        self.sums: str | None = None
+        self.adapter_state: tuple[list, tuple] = ([], ())
         self.counters = {"decode_steps": 0, "row_steps": 0, "tokens": 0, "busy_s": 0.0}
         self._swap: tuple[int, Callable[[], None]] | None = None
 
@@ -130,7 +135,7 @@ class HFEngine:
         # the next token of a running row is sampled from logits the old weights computed
         for req in batch.rows:
             req.switches.append((len(req.ids) + 1, version))
-        self.version, self.weights = version, _fingerprint(self.model)
+        self._stamp(version)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         loop = asyncio.get_running_loop()
@@ -149,7 +154,23 @@ class HFEngine:
         with the version and this engine's fingerprint of the weights it generates with (rl_factory/guard)."""
         if self.tracks_versions:  # weights of its own: each swap stamps its version and fingerprint
             return
-        self.version, self.weights = version, _fingerprint(self.model)
+        self._stamp(version)
+
+    def _stamp(self, version: int) -> None:
+        from rl_factory.guard.checks.receipts import adapter_key, adapter_layers, adapter_part, sums_fingerprint
+
+        layers = adapter_layers(self.model)
+        key = adapter_key(layers)
+        self.sums = sums_fingerprint(self.model)
+        self.adapter_state = (layers, key)
+        self.version, self.weights = version, self.sums + adapter_part(key)
+
+    def weights_with(self, key: tuple) -> str:
+        """The fingerprint of the synced parameters computed with the adapter state `key` (a turn that a forward
+        generated with the adapter in another state than the synced one)."""
+        from rl_factory.guard.checks.receipts import adapter_part
+
+        return (self.sums or "") + adapter_part(key)
 
     async def close(self) -> None:
         thread = self._thread
@@ -235,8 +256,3 @@ class HFEngine:
                 batch.fail(exc, extra=arrivals)
                 batch = self._batch = _Batch(self, prefixes=batch.prefixes)
 
-
-def _fingerprint(model) -> str:
-    from rl_factory.guard.checks.receipts import weight_fingerprint
-
-    return weight_fingerprint(model)

@@ -17,6 +17,7 @@ from rl_factory.engines.base import Generation, SamplingParams, version_spans
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, slot_bytes
 from rl_factory.engines.prefill import prefill_runs
 from rl_factory.engines.sampling import sample_rows, uniforms
+from rl_factory.guard.checks.receipts import adapter_key
 from rl_factory.guard.evidence import receipt
 from rl_factory.lora import trunk
 
@@ -37,6 +38,7 @@ class _Request:
     uniforms: torch.Tensor | None = field(default=None, repr=False)  # one draw per token to sample
     version: int | None = None  # the policy version of the weights that prefilled it (None: not tracked)
     switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, version) of each swap
+    adapters: tuple | None = None  # a LoRA adapter state other than the synced one that a forward of it ran with
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         resolve_all([(self, result, error)])
@@ -70,6 +72,7 @@ class _Batch:
         full = engine.max_context if size is not None and size <= engine.kv_prealloc_bytes else 0
         self.kv = KVSlots(self.device, max_rows=max_rows, full_positions=full)
         self.logits: torch.Tensor | None = None  # [len(rows), V]
+        self.deviant: tuple | None = None  # the adapter state of a forward that ran unlike the synced one
         self.prefixes = prefixes or PrefixStore(self.model)
         self.head = self.model.get_output_embeddings()
         self.body = trunk(self.model)  # the transformer without its LM head (under LoRA: the adapted one)
@@ -91,6 +94,11 @@ class _Batch:
         if was_training:
             self.model.eval()
         try:
+            layers, synced = self.e.adapter_state
+            if layers:  # what the adapter layers compute with, read where they compute (run guard's receipts)
+                now = adapter_key(layers)
+                if now != synced:
+                    self.deviant = now
             out = self.body(input_ids=ids, position_ids=positions, use_cache=True, attention_mask=masks,
                             past_key_values=self.kv.writer(start, len(ids), positions, width))
         finally:
@@ -157,6 +165,14 @@ class _Batch:
             logits = torch.cat([logits, logits[torch.tensor([s - first for s, _ in twins], device=self.device)]])
         self.rows += [group[0] for group in members] + [r for _, r in twins]
         self.logits = logits if first == 0 else torch.cat([self.logits, logits])
+        self._mark(reqs)
+
+    def _mark(self, rows: list[_Request]) -> None:
+        """Rows whose logits a forward computed with another adapter state than the synced one keep it."""
+        if self.deviant is not None:
+            for req in rows:
+                req.adapters = req.adapters or self.deviant
+            self.deviant = None
 
     def step(self) -> None:
         """Sample one token for every row, retire finished rows, and run the next forward."""
@@ -182,7 +198,9 @@ class _Batch:
             eos = set(stopped)
             e = self.e
             resolve_all([(self.rows[i], Generation(self.rows[i].ids, self.rows[i].logprobs, "stop" if i in eos else
-                                                   "length", receipt(self.rows[i].ids, e.version, e.weights),
+                                                   "length", receipt(self.rows[i].ids, e.version, e.weights if
+                                                                     self.rows[i].adapters is None else
+                                                                     e.weights_with(self.rows[i].adapters)),
                                                    version_spans(self.rows[i].version, self.rows[i].switches,
                                                                  len(self.rows[i].ids))), None)
                          for i in done])
@@ -205,6 +223,7 @@ class _Batch:
         last = torch.zeros(n, dtype=torch.long, device=self.device)
         self.logits = self._forward(ids, positions, 0, last)[:live]
         self.kv.lengths[:live] += 1
+        self._mark(self.rows)
 
     def fail(self, exc: BaseException, extra: list[_Request] = ()) -> None:
         for req in [*self.rows, *extra]:

@@ -12,7 +12,8 @@ the end of the run with exit code 3 (`GuardStop`). The report lists every violat
     tracker.log(metrics, step=step); guard.enforce()
 
 The verl backend runs the same checks in its metrics logger (rl_factory/backends/verl/run_dir.py) on the
-evidence its agent loop records per trajectory.
+evidence its agent loop records per trajectory. On both, what the checks learned (`Guard.state_dict()`) is
+saved with each checkpoint and restored on resume (rl_factory/guard/state.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from rl_factory.guard.sources import FileWatch, watched_files
 
 log = logging.getLogger("rl_factory")
 EXIT_CODE = 3  # a run the guard stopped
+STATE_FORMAT = 1  # of `Guard.state_dict()`, as checkpoints hold it
 
 
 @dataclass
@@ -80,19 +82,41 @@ class Guard:
 
         self.cfg, self.run_dir, self.config = cfg, Path(run_dir), config
         self.files = FileWatch(watched_files(config))
+        self.facts = dict(states or {})  # what the backend knows of this run: kept over a restored state
         # the files' fingerprints when the run starts (a change during the first step counts too)
-        states = {"reward_files": {"start": self.files.fingerprints()}, **(states or {})}
+        states = {"reward_files": {"start": self.files.fingerprints()}, **self.facts}
         self.checks = [CHECKS[name](getattr(cfg, name), states.get(name)) for name in CHECKS
                        if getattr(cfg, name).action != "off"]
         self.window: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, cfg.window))
         self.fingerprints: dict[str, str] = {}  # policy version -> the trainer's weight fingerprint
         self.stops: list[Finding] = []
+        self.step = 0  # the last step checked
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the checks learned, as JSON: each check's `state_dict()`, the trainer's weight fingerprints
+        and the metrics window (for later bundles). Saved with each checkpoint (rl_factory/guard/state.py)."""
+        return {"format": STATE_FORMAT, "step": self.step, "checks": {c.name: c.state_dict() for c in self.checks},
+                "fingerprints": dict(self.fingerprints), "window": list(self.window)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved `state_dict()`; a check it does not hold (turned on since) starts afresh. What the backend
+        told this run's checks (tools or none, the doctor's verdict, sampled rollouts) stays this run's."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"guard state format {state.get('format')!r}, this version reads {STATE_FORMAT}")
+        saved = state.get("checks") or {}
+        for check in self.checks:
+            if check.name in saved:
+                check.load_state_dict({**saved[check.name], **self.facts.get(check.name, {})})
+        self.fingerprints = dict(state.get("fingerprints") or {})
+        self.window.extend(state.get("window") or [])
+        self.step = int(state.get("step") or 0)
 
     def check(self, data: StepData, records: Callable[[list[int]], list[dict[str, Any]]]) -> dict[str, float]:
         """Run every check on one step; returns the `guard/*` metrics. `records(positions)` gives the rollouts
         lines of those trajectories (for a bundle)."""
         if not data.files:
             data.files = self.files.fingerprints()
+        self.step = data.step
         self.window.append({"step": data.step, **data.metrics})
         out: dict[str, float] = {}
         fired = 0

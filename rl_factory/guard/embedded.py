@@ -4,7 +4,12 @@
 `policy.model`. After every update the trainer syncs the engine anyway (`HFEngine.sync(version)`), and the
 engine fingerprints the weights *it* holds; the trainer fingerprints its own. An engine that kept its
 initial weights (a copy made at start) stamps its turns with a fingerprint the trainer's weights left
-behind at the first update, which the `receipts` check names.
+behind at the first update, which the `receipts` check names. Under LoRA the fingerprint also holds the
+adapter's state (enabled, active, scaling) that the engine's forwards run with (rl_factory/engines/hf_batch.py).
+
+On resume the checks' state comes back from the checkpoint (`guard_state.json`, rl_factory/guard/state.py),
+with the trainer's fingerprint of the version saved there: weights that load back other than they were saved
+are named by the `receipts` check at the first step after the resume.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from rl_factory.guard.checks.receipts import weight_fingerprint
 from rl_factory.guard.evidence import trajectory_evidence
 from rl_factory.guard.probes import run_probes
 from rl_factory.guard.registry import StepData
+from rl_factory.guard.state import STATE_FILE, restore
 from rl_factory.base.types import Trajectory
 
 log = logging.getLogger("rl_factory")
@@ -32,6 +38,9 @@ class NoGuard:
     def enforce(self) -> None:
         return None
 
+    def checkpoint_files(self) -> dict[str, Any]:
+        return {}
+
 
 class TrainerGuard:
     """The embedded trainer's guard (rl_factory/guard/__init__.py shows the calls).
@@ -40,10 +49,11 @@ class TrainerGuard:
         cfg: the `trainer.guard` slice; config: the parsed config (`RunConfig`; its `composed` goes into bundles).
         run_dir: the run directory; step: the step the run starts after (0, or the resumed checkpoint's).
         policy, agent, scorer: the trainer's (the engine is `agent.engine`).
+        resume_from: the checkpoint the run resumed from, whose guard state the checks continue from.
     """
 
     def __init__(self, cfg: GuardConfig, config: Any, run_dir: Path, step: int, *, policy: Any, agent: Any,
-                 scorer: Any):
+                 scorer: Any, resume_from: Path | None = None):
         from rl_factory.config import redacted
 
         self.cfg, self.policy, self.agent, self.scorer = cfg, policy, agent, scorer
@@ -53,6 +63,9 @@ class TrainerGuard:
             states["tools"]["doctor"] = _doctor_round_trip(agent, tools, str(config.env.parser))
         states["entropy"] = {"sampled": float(config.rollout.temperature) > 0}
         self.guard = Guard(cfg, run_dir, redacted(config.composed), states)
+        self.resumed: dict[str, Any] | None = None  # the resumed version's saved vs loaded fingerprint, if they differ
+        if resume_from is not None:
+            restore(self.guard, Path(resume_from) / STATE_FILE, f"checkpoint {resume_from}")
         self.sync(step)
 
     def sync(self, version: int) -> None:
@@ -60,7 +73,11 @@ class TrainerGuard:
         self.version = version
         keep = {str(v) for v in range(version - self.cfg.receipts.max_staleness, version + 1)}
         prints = {k: v for k, v in self.guard.fingerprints.items() if k in keep}
-        prints[str(version)] = weight_fingerprint(self.policy.model)
+        mine, saved = weight_fingerprint(self.policy.model), prints.get(str(version))
+        if saved is not None and saved != mine:  # resumed: the checkpoint's weights, as saved, stay the expected ones
+            self.resumed = {"version": version, "saved": saved, "loaded": mine}
+        else:
+            prints[str(version)] = mine
         self.guard.fingerprints = prints
         engine_sync = getattr(self.agent.engine, "sync", None)
         if engine_sync is not None:
@@ -74,7 +91,8 @@ class TrainerGuard:
         if probe_cfg.action != "off" and probe_cfg.every and step % probe_cfg.every == 0:
             probes = await run_probes(self.scorer, trajs, probe_cfg.per_step, offset=step)
         data = StepData(step, metrics=dict(metrics), trajectories=[trajectory_evidence(t) for t in trajs],
-                        probes=probes, expected={"version": self.version, "weights": dict(self.guard.fingerprints)})
+                        probes=probes, expected={"version": self.version, "weights": dict(self.guard.fingerprints),
+                                                 **({"resumed": self.resumed} if self.resumed else {})})
         out = self.guard.check(data, lambda positions: _records(trajs, positions))
         self.sync(step)
         out["timing/guard_s"] = time.perf_counter() - start
@@ -82,6 +100,10 @@ class TrainerGuard:
 
     def enforce(self) -> None:
         self.guard.enforce()
+
+    def checkpoint_files(self) -> dict[str, Any]:
+        """`guard_state.json` for the checkpoint the trainer saves after this step."""
+        return {STATE_FILE: self.guard.state_dict()}
 
 
 def _records(trajs: list[Trajectory], positions: list[int]) -> list[dict[str, Any]]:

@@ -7,6 +7,12 @@ reward is the line's (scored by verl's reward worker after the evidence was take
 weights after step s with version s, so the rollouts of step s expect version s - 1. The reward probes
 and the doctor's tool baseline need the reward and the chat template in this process and are left out
 here; the other checks are the embedded trainer's.
+
+The checks' state goes with verl's checkpoints (rl_factory/guard/state.py): verl saves step N's checkpoint
+before it logs step N, so once this guard has checked step N it writes `global_step_N/guard_state.json` into
+the checkpoint verl just saved, and `guard/state.json` (the latest step's) into the run directory. A run resumed
+from checkpoint N takes the first; one killed between verl's save and the log of step N finds no state there,
+takes `guard/state.json` of step N - 1 and checks step N again when the logger recovers that step.
 """
 from __future__ import annotations
 
@@ -15,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.guard import Guard, guard_config
+from rl_factory.guard.bundle import GUARD_DIR
 from rl_factory.guard.registry import StepData
+from rl_factory.guard.state import STATE_FILE, read_state, restore, write_state
+
+LATEST_FILE = "state.json"  # <run>/guard/state.json: the state after the latest step checked
 
 
 class LineGuard:
@@ -38,6 +48,37 @@ class LineGuard:
         states = {"tools": {"has_tools": has_tools}, "reward_without_tools": {"has_tools": has_tools},
                   "entropy": {"sampled": float(run.rollout.temperature) > 0}}
         self.guard = Guard(self.cfg, out_dir, redacted(run.composed), states) if self.enabled else None
+        self.latest = Path(out_dir) / GUARD_DIR / LATEST_FILE
+        self.pending: int | None = None  # a resumed step whose checks run again (its state was not saved)
+
+    def resume(self, checkpoints: Path, step: int) -> None:
+        """Continue from the state saved with verl's checkpoint of `step` (`global_step_<step>`), else from the
+        run directory's latest state if it is step - 1's (then `pending` is `step`: check it again)."""
+        if self.guard is None:
+            return
+        saved = Path(checkpoints) / f"global_step_{step}" / STATE_FILE
+        if saved.is_file():
+            restore(self.guard, saved, f"checkpoint {saved.parent}")
+            return
+        latest = read_state(self.latest)
+        if latest is None and step == 1:  # killed before the first step was logged: the start's state is exact
+            self.pending = step
+        elif latest is not None and latest.get("step") == step - 1 and restore(self.guard, self.latest, "the run"):
+            self.pending = step
+        else:
+            restore(self.guard, saved, f"checkpoint {saved.parent}")  # says that there is none
+
+    def save(self, step: int, checkpoints: Path) -> None:
+        """After checking `step`: the run's latest state, and the state of verl's checkpoint of `step` if it saved
+        one (it saves before it logs the step)."""
+        if self.guard is None:
+            return
+        state = self.guard.state_dict()
+        self.latest.parent.mkdir(parents=True, exist_ok=True)
+        write_state(self.latest, state)
+        point = Path(checkpoints) / f"global_step_{step}"
+        if point.is_dir():
+            write_state(point / STATE_FILE, state)
 
     def after_step(self, step: int, metrics: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, float]:
         """The step's guard/* metrics (violations logged and bundled); {} when off or nothing was trained."""

@@ -4,10 +4,12 @@ A check sees one `StepData` (plain JSON: the step's metrics and one evidence rec
 rl_factory/guard/evidence.py), keeps what it learned (baselines, streaks) in `state`, and returns its
 `guard/` metrics and at most one `Finding`. Everything a check reads or keeps is JSON, so a bundle
 (rl_factory/guard/bundle.py) holds enough to run the same check again on the same inputs:
-`python -m rl_factory.guard replay <bundle>` rebuilds it from its config slice and state.
+`python -m rl_factory.guard replay <bundle>` rebuilds it from its config slice and state, and a checkpoint
+holds every check's `state_dict()` for a resumed run.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -79,6 +81,15 @@ class Check:
     def evaluate(self, data: StepData) -> tuple[dict[str, float], Finding | None]:
         """This step's `guard/<name>/...` metrics, and the violation if there is one."""
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the check learned (baselines, streaks, fingerprints taken at start): JSON, saved with every
+        checkpoint, so a resumed run goes on judging against the same baselines (rl_factory/guard/state.py)."""
+        return copy.deepcopy(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a saved `state_dict()` whole: a resumed run neither recomputes a baseline nor restarts a streak."""
+        self.state = copy.deepcopy(dict(state))
 
     def finding(self, data: StepData, message: str, samples: list[int] | None = None) -> Finding:
         return Finding(self.name, data.step, message, list(samples or [])[:16])

@@ -16,7 +16,7 @@ from rl_factory.guard.checks.tokens import TokensCheck, TokensConfig
 from rl_factory.guard.checks.tools import RewardWithoutToolsCheck, RewardWithoutToolsConfig, ToolsCheck, ToolsConfig
 from rl_factory.guard.evidence import digest, mask_runs, receipt, trajectory_evidence
 from rl_factory.guard.registry import CHECKS, StepData
-from rl_factory.types import Step, ToolCall, ToolResult, Trajectory, Turn
+from rl_factory.types import Step, Trajectory, Turn
 
 
 def make_traj(turn_ids: list[list[int]], obs: list[int] = (9, 9), steps: bool = False) -> Trajectory:
@@ -173,3 +173,57 @@ def test_guard_settings_do_not_make_another_run():
     changed = {"trainer": {"backend": "embedded", "guard": {"tokens": {"action": "warn"}}}, "optim": {"lr": 1e-3}}
     assert fingerprint(run_view(base)) == fingerprint(run_view(changed))
     assert fingerprint(run_view(base)) != fingerprint(run_view({**base, "optim": {"lr": 1e-4}}))
+
+
+def test_the_guards_state_round_trips_through_json_into_a_fresh_guard(tmp_path):
+    reward = tmp_path / "r.py"
+    reward.write_text("def reward(completion, **_):\n    return 0.0\n")
+    config = {"reward": {"function": f"{reward}:reward"}}
+    guard = Guard(guard_config({"trainer": {"guard": {"tools": {"baseline_steps": 2}}}}), tmp_path / "run", config,
+                  {"tools": {"has_tools": True}})
+    guard.fingerprints = {"2": "abc"}
+    for step, calls in ((1, 1), (2, 1), (3, 0)):
+        guard.check(StepData(step, metrics={"actor/logprob_gap": 0.01 * step},
+                             trajectories=[_tool_ev(calls, reward=1.0)] * 2), lambda _: [])
+    saved = json.loads(json.dumps(guard.state_dict()))  # JSON, as the checkpoint holds it
+    assert saved["step"] == 3 and saved["fingerprints"] == {"2": "abc"} and len(saved["window"]) == 3
+    assert set(saved["checks"]) == {c.name for c in guard.checks}
+    reward.write_text("def reward(completion, **_):\n    return 1.0\n")  # changed before the resume
+    resumed = Guard(guard_config({"trainer": {"guard": {"tools": {"baseline_steps": 2}}}}), tmp_path / "run", config)
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict() == saved
+    metrics = resumed.check(StepData(4, trajectories=[_tool_ev(0, reward=1.0)] * 2), lambda _: [])
+    assert metrics["guard/tools/call_rate/baseline"] == 1.0 and metrics["guard/reward_files/changed"] == 1
+    assert metrics["guard/reward_constant/streak"] == 4  # the streak goes on from the saved 3
+    try:
+        resumed.load_state_dict({**saved, "format": 99})
+    except ValueError as exc:
+        assert "format 99" in str(exc)
+    else:
+        raise AssertionError("a state of another format loaded")
+
+
+def test_receipts_name_an_adapter_state_apart_from_the_trainers_and_weights_that_did_not_resume():
+    ev = trajectory_evidence(make_traj([[4, 0]]))
+    ev["weights"] = ["aa+lora0/28.1e18086b"]  # the trainer's tensors, every adapter layer disabled
+    check = ReceiptsCheck(ReceiptsConfig())
+    _, finding = check.evaluate(StepData(4, trajectories=[ev], expected={"version": 3,
+                                                                          "weights": {"3": "aa+lora28/28.c91d911c"}}))
+    assert "LoRA adapter disabled" in finding.message and "0 of 28 adapter layers enabled" in finding.message
+    ev["weights"] = ["bb+lora28/28.c91d911c"]
+    _, finding = check.evaluate(StepData(4, trajectories=[ev], expected={
+        "version": 3, "weights": {"3": "aa+lora28/28.c91d911c"},
+        "resumed": {"version": 3, "saved": "aa+lora28/28.c91d911c", "loaded": "bb+lora28/28.c91d911c"}}))
+    assert "loaded back on resume" in finding.message
+
+
+def test_a_lora_fingerprint_holds_the_adapters_state():
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), LoraConfig(r=2, target_modules=["0"]))
+    on = weight_fingerprint(model)
+    assert "+lora1/1." in on
+    with model.disable_adapter():
+        off = weight_fingerprint(model)
+    assert off.split("+")[0] == on.split("+")[0] and "+lora0/1." in off and weight_fingerprint(model) == on

@@ -12,7 +12,6 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +187,22 @@ def test_trained_ids_re_encoded_from_text_are_not_the_sampled_ids(tiny_model_dir
         del CONTEXT_POLICIES["reencode"]
     assert "tokens at step 1" in message and "train ids never sampled" in message
     bundle_of(run, "tokens")
+
+
+def test_an_engine_that_generates_with_the_lora_adapter_disabled_is_caught_by_its_receipts(tiny_model_dir, tmp_path,
+                                                                                          monkeypatch):
+    from rl_factory.engines import hf_batch
+
+    real_forward = hf_batch._Batch._forward
+
+    def forward_without_the_adapter(self, *args, **kwargs):
+        with self.model.disable_adapter():  # the fault: the engine samples from the base model
+            return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf_batch._Batch, "_forward", forward_without_the_adapter)
+    run = tmp_path / "run"
+    message = train_until_stopped(overrides(tiny_model_dir, run, "model.lora_rank=4", "model.lora_alpha=8"))
+    # at step 1 the adapter's B is still zero (disabled computes the same logits): the state tells them apart
+    assert "receipts at step 1" in message and "LoRA adapter disabled" in message
+    assert "0 of 28 adapter layers enabled" in message and "28 of 28 adapter layers enabled" in message
+    bundle_of(run, "receipts")

@@ -23,7 +23,8 @@ re-validates the restored weights at step k before training step k+1. So at star
 everything of steps > k (metrics lines, rollouts parts, the arena/pipeline workers' rows: steps the
 killed run did not finish), writes step k's line from its rollouts if the killed run never logged it
 (our metrics only: verl's died with it), and merges the re-validation into step k's line, adding only
-the keys it lacks.
+the keys it lacks. The run guard's state goes with verl's checkpoints (rl_factory/guard/lines.py): written
+into `global_step_k/` once step k is checked, restored from there on resume.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rl_factory.jsonl import WRITE_ERRORS, dumps, read_lines, read_records
+from rl_factory.jsonl import WRITE_ERRORS, dumps, read_records
 
 PARTS_DIR = Path("rollouts") / ".parts"
 LOGGER_NAME = "rl_factory"
@@ -139,16 +140,18 @@ class RunDirLogger:
         self.out_dir = Path(ours.trainer.output_dir)
         self.threshold = float(ours.reward.success_threshold)
         self.report = bool(ours.trainer.report)
+        self.checkpoints = Path(config["trainer"].get("default_local_dir") or self.out_dir / "checkpoints")
         self.resume = None if config["trainer"].get("resume_mode") == "disable" else _resume_step(config)
         if self.resume is not None:
             drop_unfinished(self.out_dir, self.resume)
         self.jsonl = JsonlLogger(self.out_dir, None, self.resume)
-        if self.resume is not None:
-            self._recover(self.resume - 1)
         from rl_factory.guard.lines import LineGuard
 
         self.guard = LineGuard(ours, self.out_dir)  # the run guard, on the step's rollouts lines
         self._train: list[dict[str, Any]] = []
+        if self.resume is not None:
+            self.guard.resume(self.checkpoints, self.resume - 1)  # the checks' state saved with that checkpoint
+            self._recover(self.resume - 1)
 
     def log(self, data: dict[str, Any], step: int) -> None:
         self._train = []
@@ -156,6 +159,7 @@ class RunDirLogger:
         line.update({k: v for k, v in data.items() if k not in line})
         if self._train:
             line.update(self.guard.after_step(step, line, self._train))
+            self.guard.save(step, self.checkpoints)  # before the line: a logged step always left its state
         if self.resume is not None and step < self.resume:
             self._merge(line, step)  # the resumed run's validation of the checkpoint it restored
         else:
@@ -184,16 +188,25 @@ class RunDirLogger:
 
     def _recover(self, step: int) -> None:
         """The restored checkpoint's step, if the killed run saved it but never logged it: our metrics
-        from its rollouts (verl's own metrics of that step are lost with the process)."""
+        from its rollouts (verl's own metrics of that step are lost with the process). The guard checks it
+        again when its state after that step was not saved (`LineGuard.pending`)."""
         path = self.jsonl.path
-        if path.exists() and any(_step_of(x) == step for x in read_lines(path)):
+        logged = next((r for r in read_records(path, torn_ok=True) if r.get("step") == step), None)
+        recheck = self.guard.pending == step
+        if logged is not None and not recheck:
             return
         train = gather(self.out_dir, "train", step)  # killed between its checkpoint and its log
         done = self.out_dir / "rollouts" / f"step_{step:06d}.jsonl"
         if not train and done.exists():  # killed between gathering and writing the line
             train = read_records(done)
-        if train:
-            self.jsonl.log(self._ours({}, step, train), step=step)
+        if not train:
+            return
+        line = logged if logged is not None else self._ours({}, step, train)
+        if recheck:  # a stop it finds ends the run at the next log, as it would have at this step's
+            line = {**line, **self.guard.after_step(step, line, train)}
+            self.guard.save(step, self.checkpoints)
+        if logged is None:
+            self.jsonl.log(line, step=step)
 
     def _merge(self, line: dict[str, Any], step: int) -> None:
         """Step `step`'s line gets the keys it lacks (or is written, if nothing of that step is left)."""

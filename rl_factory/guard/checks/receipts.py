@@ -7,9 +7,19 @@ the engine after each update (embedded: `HFEngine.sync`; verl: the vLLM server's
 `max_staleness` older) and, where it knows its own fingerprint for that version, from those weights. An
 engine that keeps the initial weights (a copy made at start, an adapter never applied, a sync that never
 lands) reports an old version or the old fingerprint.
+
+Under LoRA the parameters alone do not say what the engine generates with: an engine that samples with the
+adapter disabled (peft's `disable_adapter()`, another adapter active, a changed scaling) holds the very
+tensors the trainer trains. So a fingerprint of a peft model also holds the adapter's state, layer by layer
+(`adapter_key`: enabled, active adapters, merged, scaling), and the embedded engine reads that state inside
+each of its forwards (rl_factory/engines/hf_batch.py): a turn generated with the adapter in another state than
+the one synced carries another fingerprint. Reading it costs microseconds per forward (28 adapted layers:
+10 us; 252: 96 us), against a logits probe that would cost a forward per step and a tolerance that bf16 noise
+and an adapter's first small updates would both fall inside (docs/guides/guard.md, "How the receipts work").
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from rl_factory.guard.registry import Action, Check, StepData, register_check
@@ -23,15 +33,19 @@ class ReceiptsConfig:
 
 
 def weight_fingerprint(model) -> str:
-    """A cheap fingerprint of a model's weights: every parameter's sum (float64), hashed.
+    """A cheap fingerprint of the weights a model computes with: `sums_fingerprint`, then, for a peft model, the
+    adapter's state (`adapter_part`): `<16 hex>` or `<16 hex>+lora<enabled>/<layers>.<8 hex>`."""
+    return sums_fingerprint(model) + adapter_part(adapter_key(adapter_layers(model)))
+
+
+def sums_fingerprint(model) -> str:
+    """Every parameter's sum (float64), hashed.
 
     An optimizer step moves some sum in practice; it reads each weight once (no copy). CPU weights are
     summed by numpy, on the calling thread alone: torch's reductions wait at its thread team's barrier,
     which on a loaded machine turned 1 ms into up to a second. Computed the same way for the trainer's
     and the engine's model, so the same tensors give the same bits.
     """
-    import hashlib
-
     import numpy as np
     import torch
 
@@ -42,6 +56,31 @@ def weight_fingerprint(model) -> str:
         else:  # one transfer for all the sums
             sums = torch.stack([torch.sum(p.detach(), dtype=torch.float64) for p in params]).cpu().numpy()
     return hashlib.blake2b(sums.tobytes(), digest_size=8).hexdigest()
+
+
+def adapter_layers(model) -> list:
+    """The peft adapter layers of `model` (LoRA's `Linear`s and the like); [] for a plain model."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return []
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+
+
+def adapter_key(layers: list) -> tuple:
+    """What each adapter layer computes with right now: disabled, its active adapters, how many are merged into
+    the base weights, its scaling. Plain attributes only: the engine reads it in every forward."""
+    return tuple((layer._disable_adapters, tuple(layer._active_adapter) if isinstance(layer._active_adapter, list)
+                  else layer._active_adapter, len(layer.merged_adapters), tuple(getattr(layer, "scaling", {}).items()))
+                 for layer in layers)
+
+
+def adapter_part(key: tuple) -> str:
+    """The fingerprint's adapter part: "" without adapters, else `+lora<enabled>/<layers>.<hash of the state>`."""
+    if not key:
+        return ""
+    enabled = sum(not disabled for disabled, *_ in key)
+    return f"+lora{enabled}/{len(key)}.{hashlib.blake2b(repr(key).encode(), digest_size=4).hexdigest()}"
 
 
 def _numpy(param):
@@ -81,8 +120,30 @@ class ReceiptsCheck(Check):
         if wrong:
             ev = data.trajectories[wrong[0]]
             v, w = next((v, w) for v, w in zip(ev["versions"], ev["weights"]) if w is not None and str(v) in weights)
-            return metrics, self.finding(data, (
-                f"{len(wrong)} of {len(data.trajectories)} trajectories were generated with weights {w} "
-                f"at version {v}; the trainer's weights of that version are {weights[str(v)]}: the engine does "
-                "not generate with the weights being trained"), wrong)
+            return metrics, self.finding(data, _mismatch(len(wrong), len(data.trajectories), v, w, weights[str(v)],
+                                                         data.expected.get("resumed")), wrong)
         return metrics, None
+
+
+def _mismatch(wrong: int, total: int, version, got: str, want: str, resumed: dict | None) -> str:
+    """The line for receipts whose fingerprint is not the trainer's: the adapter's state when only it differs."""
+    head = f"{wrong} of {total} trajectories were generated with weights {got} at version {version}"
+    if resumed and str(resumed.get("version")) == str(version) and resumed.get("saved") == want:
+        return (f"{head}; the checkpoint the run resumed from saved weights {want} at that version: the weights "
+                f"loaded back on resume ({resumed.get('loaded')}) are not the weights saved")
+    same, got_lora, want_lora = got.split("+")[0] == want.split("+")[0], _lora(got), _lora(want)
+    if same and got_lora != want_lora:
+        return (f"{head}: the trainer's tensors, but {got_lora} where the trainer's model has {want_lora}: the "
+                "engine generates with the LoRA adapter disabled or in another state (active adapter, scaling, "
+                "merge), so it does not generate with the weights being trained")
+    return (f"{head}; the trainer's weights of that version are {want}: the engine does not generate with the "
+            "weights being trained")
+
+
+def _lora(fingerprint: str) -> str:
+    part = fingerprint.partition("+lora")[2]
+    if not part:
+        return "no adapter layers"
+    counts, _, state = part.partition(".")
+    enabled, _, total = counts.partition("/")
+    return f"{enabled} of {total} adapter layers enabled (state {state})"
