@@ -58,6 +58,9 @@ SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Q
     # vocabulary, smaller than the hidden size, vLLM 0.24's LoRA profile run failed on the H200, 2026-12-01)
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    # not a benchmark: two small layers, for CPU checks of a shape's code path (vs_trl.py --shape qwen3-smoke)
+    "qwen3-smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16),
 }
 # The same job before tuning (2026-12-01, one H200): 0.44B qwen3-0.6b shape, 16 x 8, 256 tokens a turn.
 BASELINE_STEP_S = {"qwen3-0.6b": 23.0}
@@ -141,25 +144,32 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
     return out + list(args.overrides)
 
 
-def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float]:
-    """Run the job (its output streamed to run_dir/bench_stdout.log); stop it after --timeout seconds."""
+def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float, dict | None]:
+    """Run the job (its output streamed to run_dir/bench_stdout.log); stop it after --timeout seconds.
+
+    Also returns the device's peak used memory while it ran (benchmarks/gpu_memory.py: every process of the job,
+    vLLM's server included), None without nvidia-smi.
+    """
     import signal
+
+    from benchmarks.gpu_memory import DevicePeak
 
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    # Each line stamped with the seconds since launch: where verl's start-up goes (Ray, FSDP, vLLM) is read here.
-    writer = threading.Thread(target=stamp_lines, args=(proc.stdout, log, t0), daemon=True)
-    writer.start()
-    try:
-        code = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:  # keep what finished: the steps logged so far are still measured
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        code = "timeout"
+    with DevicePeak() as device:
+        proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        # Each line stamped with the seconds since launch: where verl's start-up goes (Ray, FSDP, vLLM) is read here.
+        writer = threading.Thread(target=stamp_lines, args=(proc.stdout, log, t0), daemon=True)
+        writer.start()
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:  # keep what finished: the steps logged so far are still measured
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = "timeout"
     writer.join(timeout=10)
     wall = time.perf_counter() - t0
     metrics = run_dir / "metrics.jsonl"
@@ -168,7 +178,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
         print(f"gpu_step: the verl run ended with {code} after {wall:.0f} s; log: {log}", file=sys.stderr)
         if not [m for m in lines if m["step"] >= 1]:
             sys.exit(log.read_text()[-4000:])
-    return [m for m in lines if m["step"] >= 1], wall
+    return [m for m in lines if m["step"] >= 1], wall, device.result()
 
 
 def _median(values: list[float]) -> float:
@@ -220,105 +230,11 @@ def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     return {"prompt": prompts, "generated": generated, "total": totals, "turns": turns}
 
 
-# ---- ceilings (each runs in its own process: `python gpu_step.py --ceiling NAME --spec JSON`) ----------
-
-def ceiling_vllm(spec: dict) -> dict:
-    """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
-    as many tokens as one trajectory of the step did (ignore_eos), all submitted at once.
-
-    Each request keeps its own trajectory's length, not the mean: the longest trajectory is the critical
-    path of a rollout, and a ceiling at the mean length would hide it.
-    """
-    import random
-
-    from vllm import LLM, SamplingParams
-
-    gen_lens = spec["gen_lens"]
-    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
-              max_model_len=spec["prompt_len"] + max(gen_lens) + 16, enable_prefix_caching=True)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
-               for _ in range(-(-len(gen_lens) // spec["n"]))]
-    requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
-    def run(logprobs: int | None, detokenize: bool = False) -> dict:
-        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
-                                 detokenize=detokenize) for n in gen_lens]
-        # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
-        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01). The ceiling
-        # is the best of three: vLLM's run-to-run spread on the same requests was 1.44-1.93 s.
-        llm.generate(requests, params, use_tqdm=False)
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            outs = llm.generate(requests, params, use_tqdm=False)
-            times.append(time.perf_counter() - t0)
-        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), min(times)
-        return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
-                "tokens_per_s": tokens / seconds}
-
-    # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
-    # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
-    # beside it what the log-probs cost and what vLLM's default detokenization would add.
-    same = run(logprobs=0)
-    return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
-            "requests": len(requests), "max_gen_len": max(gen_lens)}
-
-
-def ceiling_train(spec: dict) -> dict:
-    """Plain PyTorch forward(+backward) over the step's sequences, packed by the actor's token budget."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    import rl_factory.models.varlen_attention  # noqa: F401 - registers rl_factory_varlen
-    from rl_factory.backends.verl.tuning import attention_implementation
-
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
-                                                 attn_implementation=attention_implementation()).cuda()
-    budget, lengths = spec["token_budget"], spec["lengths"]
-    batches, current = [], []
-    for n in lengths:
-        if current and sum(current) + n > budget:
-            batches.append(current)
-            current = []
-        current.append(n)
-    batches.append(current)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    packed = []
-    for batch in batches:
-        total = sum(batch)
-        ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=gen)
-        pos = torch.cat([torch.arange(n, device="cuda") for n in batch])[None]
-        packed.append((ids, pos))
-
-    def run(backward: bool) -> None:
-        for ids, pos in packed:
-            with torch.set_grad_enabled(backward):
-                logits = model(input_ids=ids, position_ids=pos).logits
-                loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
-            if backward:
-                loss.backward()
-        torch.cuda.synchronize()
-
-    out, tokens = {}, sum(lengths)
-    for name, backward in (("forward_backward", True), ("forward", False)):
-        model.train(backward)
-        run(backward)  # warm up
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            run(backward)
-            times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-        seconds = statistics.median(times)
-        out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-    out["attn_implementation"] = attention_implementation()
-    return out
-
+# ---- ceilings (each in its own process: benchmarks/gpu_ceilings.py NAME SPEC RESULT) ---------------------
 
 def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     path = out_dir / f"ceiling-{name}.json"
-    proc = subprocess.run([sys.executable, __file__, "--ceiling", name, "--spec", json.dumps(spec), "--result", str(path)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_ceilings.py"), name, json.dumps(spec), str(path)],
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
     if proc.returncode != 0 or not path.exists():
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
@@ -349,9 +265,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only build the model (the shape or the builtin one) and exit: the jobs after it start warm")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
-    ap.add_argument("--ceiling", help=argparse.SUPPRESS)
-    ap.add_argument("--spec", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
     return ap
 
@@ -394,10 +307,6 @@ def cfg_job(args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.ceiling:
-        fn = {"vllm": ceiling_vllm, "train": ceiling_train}[args.ceiling]
-        Path(args.result).write_text(json.dumps(fn(json.loads(args.spec))))
-        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.cfg_job:
@@ -412,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
     launched = time.time()
-    lines, wall = run_verl(args, model, run_dir)
+    lines, wall, device = run_verl(args, model, run_dir)
     until = args.measure_until or args.steps
     numbers = step_numbers(lines, until)
     steps = sorted({m["step"] for m in measured(lines, until)})
@@ -428,6 +337,10 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "gpu_step", "model": str(model), "shape": args.shape, "agent_loop": args.agent_loop,
         "lora_rank": args.lora_rank, "gpus": args.gpus, "tp": args.tp, "batch": args.batch, "n": args.n,
         "steps": args.steps, "measured_steps": steps, "trajectories_per_step": trajectories,
+        # the job beyond batch x n, and the overrides on top of it: what a comparison (docs/benchmarks.md's TRL
+        # table) checks before it puts another framework's step beside this one
+        "job": {"max_response_tokens": args.max_response_tokens, "max_total_tokens": args.max_total_tokens,
+                "max_turns": args.max_turns, "lr": args.lr}, "overrides": list(args.overrides),
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
         # wall-clock ends of the steps: jobs on one GPU (gpu_suite.sh compare) show from these whether their
@@ -447,7 +360,9 @@ def main(argv: list[str] | None = None) -> None:
                        "tokens_per_s": numbers["total_tokens"] / numbers["update"]},
             "update_weights": {"s": numbers["update_weights"]}, "reward": {"s": numbers["reward"]},
         },
-        "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"]},
+        # max_*: the FSDP actor's torch allocator (verl's metric); device_*: nvidia-smi over the whole job (vLLM too)
+        "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"],
+                      "device_peak_used": (device or {}).get("peak_used_gb"), "device_total": (device or {}).get("total_gb")},
         "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
     }
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup

@@ -17,6 +17,13 @@
 #   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (trl on a path of its own:
 #                                            # installed beside verl it breaks every verl job, and the launcher refuses)
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
+# Ours vs TRL at the Qwen3 shapes (docs/benchmarks.md's table; one 10-minute call each, SHAPE_TIMEOUT s per job):
+#   bash benchmarks/gpu_suite.sh prepare_shapes      # build the 0.6B and 4B shapes once (both sides load these weights)
+#   bash benchmarks/gpu_suite.sh ours_shape 0.6b|4b  # ours on verl: gpu_step.py --shape, 5 steps, no ceilings
+#   bash benchmarks/gpu_suite.sh trl_shape 0.6b|4b   # TRL's GRPOTrainer + colocated vLLM on the same job and weights;
+#                                            # trl from $TRL_SITE (default /tmp/trl-site), on this group's path only
+#   bash benchmarks/gpu_suite.sh trl_table   # the table as docs/benchmarks.md renders it, from benchmarks/results/
+#                                            # and the records these groups wrote (outputs/gpu_suite/records/)
 # Two GPUs (a 2-GPU host; each part below is one verl launch, ~7 min, so each fits one 10-minute call):
 #   bash benchmarks/gpu_suite.sh two_gpu [one] [tp1] [tp2]  # 0.6B shape: 1 GPU (16 prompts), 2 GPUs with two vLLM
 #                                            # replicas, then with tensor parallel 2 (32 prompts: the same work per
@@ -25,7 +32,8 @@
 #                                            # again: groups once each, servers per worker and none left, resume
 #   bash benchmarks/gpu_suite.sh two_gpu_arena   # (the same without the kill: one launch)
 #   bash benchmarks/gpu_suite.sh two_gpu_resume  # (the default grpo job: kill after the first checkpoint, restart)
-#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, and every two_gpu* command composed with --cfg job
+#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, every two_gpu* and ours_shape command composed with
+#                                            # --cfg job, and trl_shape's job printed (vs_trl.py --dry-run)
 #   bash benchmarks/gpu_suite.sh collect DIR # results + logs (no weights) into DIR/gpu_suite.tgz
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
@@ -86,6 +94,7 @@ PY
 
 # ---- two GPUs -----------------------------------------------------------------------------------------
 JOB_TIMEOUT=${JOB_TIMEOUT:-480}        # seconds per verl job: the steps logged by then are still measured
+SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-540}    # seconds per job of the shape groups (one job a call; the steps done by then count)
 TWO_GPU_BATCH=${TWO_GPU_BATCH:-32}     # prompts per step on 2 GPUs (16 = the same step split in two)
 CHECK=0 FAILED=0
 run_line() {  # a command that prints one JSON line: shown and appended to $RESULTS; under `check`, composed only
@@ -103,6 +112,36 @@ two_gpu_part() {
     tp2) run_line "${step[@]}" --gpus 2 --tp 2 --batch "$TWO_GPU_BATCH" ;;
     *) echo "two_gpu: unknown part '$1' (one, tp1, tp2)" >&2; exit 2 ;;
   esac
+}
+# The shape groups' records go to an ignored directory: a device call sends the tracked benchmarks/results/ again
+# each time, over what the call before appended there. `collect` brings them back; append them to benchmarks/results/.
+SHAPE_RECORDS=outputs/gpu_suite/records
+SHAPE_STEPS=${SHAPE_STEPS:-5}
+shape_size() {  # 0.6b | 4b -> the gpu_step.py / vs_trl.py shape name
+  case $1 in
+    0.6b|4b) echo "qwen3-$1" ;;
+    *) echo "unknown shape '$1' (0.6b or 4b)" >&2; exit 2 ;;
+  esac
+}
+ours_shape() {  # size: ours on verl, the job vs_trl.py --shape matches
+  local shape; shape=$(shape_size "$1") || exit 2
+  BENCH_RESULTS_DIR=$SHAPE_RECORDS run_line $PY benchmarks/gpu_step.py --shape "$shape" --steps "$SHAPE_STEPS" --no-ceilings \
+      --timeout "$SHAPE_TIMEOUT" --out outputs/gpu_suite
+}
+trl_shape() {  # size: TRL on that job and those weights, trl on this command's path only (beside verl it breaks verl)
+  local shape name code trl_path
+  shape=$(shape_size "$1") || exit 2
+  trl_path="${TRL_SITE:-/tmp/trl-site}${PYTHONPATH:+:$PYTHONPATH}"
+  local cmd=($PY benchmarks/vs_trl.py --shape "$shape" --device cuda --vllm --steps "$SHAPE_STEPS" --timeout "$SHAPE_TIMEOUT"
+             --models outputs/gpu_suite --out "outputs/gpu_suite/trl-$shape")
+  if [ "$CHECK" = 1 ]; then "${cmd[@]}" --dry-run || FAILED=1; return; fi
+  PYTHONPATH=$trl_path $PY -c "import trl" 2>/dev/null \
+    || { echo "trl_shape: trl is not importable from ${TRL_SITE:-/tmp/trl-site} (benchmarks/README.md: TRL at the shapes)" >&2; exit 2; }
+  name=outputs/gpu_suite/trl-$shape
+  PYTHONPATH=$trl_path BENCH_RESULTS_DIR=$SHAPE_RECORDS "${cmd[@]}" > "$name.json" 2> "$name.log"
+  code=$?; cat "$name.json" | tee -a "$RESULTS"
+  [ $code = 0 ] || { tail -20 "$name.log"; tail -40 "$name/trl/worker.log" 2>/dev/null; }
+  return $code
 }
 two_gpu_job() {  # name, two_gpu_checks.py options
   local name=$1; shift
@@ -125,7 +164,8 @@ case "${1:-}" in
     for part in one tp1 tp2; do two_gpu_part "$part"; done
     two_gpu_job check_checks --advantage arena --kill-after-checkpoint
     two_gpu_job check_resume --advantage grpo --kill-after-checkpoint
-    [ "$FAILED" = 0 ] && echo "check: every two_gpu command composes" || echo "check: FAILED" >&2
+    for size in 0.6b 4b; do ours_shape $size; trl_shape $size; done
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu and shape command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
   step)  # with py-spy installed, two more steps run under it (benchmarks/pyspy_watch.py); medians stay steps 2-5
     if command -v py-spy >/dev/null; then
@@ -148,6 +188,12 @@ case "${1:-}" in
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite \
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO "${@:2}" >> "$RESULTS"
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
+  prepare_shapes)
+    $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
+    $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1 ;;
+  ours_shape) ours_shape "${2:?ours_shape 0.6b|4b}" ;;
+  trl_shape) trl_shape "${2:?trl_shape 0.6b|4b}"; exit $? ;;
+  trl_table) $PY -m docsgen.trl_shapes benchmarks/results "$SHAPE_RECORDS"; exit $? ;;
   prepare)
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1
@@ -217,6 +263,7 @@ case "${1:-}" in
   collect)  # the results and every log (small files) into one archive under $2, e.g. the device's $OUT
     tar -czf "${2:?collect DIR}/gpu_suite.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.parquet' \
         --exclude='model-*' --exclude='checkpoints' --exclude='hf' outputs/gpu_suite
+    [ -d "$SHAPE_RECORDS" ] && cp -r "$SHAPE_RECORDS" "$2/records"
     cp "$RESULTS" "$2/" 2>/dev/null; exit 0 ;;
   *)
     sed -n '2,/^set /p' "$0" | grep '^#'; exit 2 ;;

@@ -5,7 +5,8 @@ The record adds where and when the numbers were measured (`machine`, `commit`, `
 `docs/benchmarks.md` is generated from the records (docsgen/benchmarks_page.py) instead of being
 written by hand.
 
-BENCH_RESULTS_DIR picks another directory; set to an empty string it records nothing. Under pytest
+BENCH_RESULTS_DIR picks another directory; set to an empty string it records nothing. BENCH_COMMIT names the
+commit where the checkout has no git history (see `commit`). Under pytest
 (PYTEST_CURRENT_TEST set, inherited by subprocesses) nothing is recorded unless BENCH_RESULTS_DIR is set,
 so the tests that run the scripts leave the results alone.
 """
@@ -73,7 +74,13 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    """`git rev-parse HEAD` of the checkout the script ran from, with "-dirty" when files differ from it."""
+    """`git rev-parse HEAD` of the checkout the script ran from, with "-dirty" when files differ from it.
+
+    BENCH_COMMIT, where set, is taken instead: a copy of the tree without its .git (a lent GPU machine gets
+    one) cannot ask git, and the one who sent it knows the commit.
+    """
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30).stdout
     try:

@@ -39,12 +39,25 @@ embedded backend). The verl table's TRL row (README) is
 
 TRL is an optional dependency (`pip install -e '.[bench]'`); without it TRL's side is skipped with
 a message and only ours runs.
+
+**At the Qwen3 shapes** (`--shape qwen3-0.6b|qwen3-4b`, GPU): TRL's side only, on the job of
+`benchmarks/gpu_step.py --shape` (ours on verl; its parser's defaults are read here, so the two cannot drift):
+the same random-init weights (`gpu_step.build_shape` into `--models`, the directory gpu_step's `--out` names, so
+both sides load the one build), 16 prompts x 8, 3 turns of 256 tokens, 512 tokens a trajectory, lr 1e-6 with 3
+warmup steps, temperature 1, no KL, the same data, reward and calculator. TRL's vLLM importance-sampling
+correction is off (no old-log-prob forward, as ours' default `update` mode); its micro-batches and activation
+checkpointing follow ours' tuning plan for the shape (TRL_SHAPE_SETTINGS). Step seconds and each phase are
+medians over steps 2..K, as gpu_step.py reports ours; peak memory is the process's torch allocator, the device's
+used memory (nvidia-smi, sampled while the job runs: the number that means the same for verl's several processes)
+and vLLM's share. `docs/benchmarks.md` puts the newest such record beside ours' newest gpu_step record of the shape.
+
+    python benchmarks/vs_trl.py --shape qwen3-0.6b --device cuda --vllm --steps 5 --models outputs/gpu_suite
+    python benchmarks/vs_trl.py --shape qwen3-smoke --steps 2   # CPU: the code path, on a 2-layer shape
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
@@ -60,16 +73,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from benchmarks.trl_side import run_trl, step_stats, trl_missing  # noqa: E402
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
-TRAIN_FILE = ROOT / "examples" / "calculator" / "data" / "train.jsonl"
 # The job, as configs/grpo.yaml sets it for ours; TRL gets the same numbers below.
 JOB = {"prompts": 16, "n": 8, "temperature": 1.0, "lr": 3e-4, "warmup_steps": 3, "grad_clip": 1.0,
        "max_turns": 3, "max_response_tokens": 64, "max_total_tokens": 512, "seed": 0}
+# TRL's micro-batches and activation checkpointing at each shape. Ours' tuning plan on an H200 gives verl's actor
+# 32,768 tokens a micro-batch at both shapes (64 sequences of the 512-token trajectories), checkpointing at 4B only
+# (tests/benchmarks/test_vs_trl_shape.py checks TRL never gets more). TRL pads every sequence to the micro-batch's
+# longest and has no fused log-prob kernel: its logits are materialized (at 4B, 151,936 of them a token, about
+# 2.5 GB in bf16 for 16 sequences, several such copies through the loss and its gradient) beside fp32 weights and
+# Adam state (64 GB at 4B) and vLLM's 30%. So it gets half ours' micro-batch at 0.6B and a quarter at 4B;
+# `--micro-batch` tries others.
+TRL_SHAPE_SETTINGS = {"qwen3-0.6b": {"micro_batch": 32, "gradient_checkpointing": False},
+                      "qwen3-4b": {"micro_batch": 16, "gradient_checkpointing": True},
+                      "qwen3-smoke": {"micro_batch": 64, "gradient_checkpointing": False}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 40; with --shape gpu_step's 5)")
     parser.add_argument("--seed", type=int, default=0,
                         help="training seed of both runs (the starting model is always the one built from seed 0)")
     parser.add_argument("--tool-latency-ms", type=float, default=0.0)
@@ -82,17 +105,45 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--vllm", action="store_true", help="TRL generates with vLLM, colocated (needs --device cuda)")
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization")
-    parser.add_argument("--max-response-tokens", type=int, default=JOB["max_response_tokens"], help="per turn, both sides")
-    parser.add_argument("--lr", type=float, default=JOB["lr"], help="both sides")
-    parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL's side
+    parser.add_argument("--max-response-tokens", type=int, default=None,
+                        help=f"per turn, both sides (default {JOB['max_response_tokens']}; with --shape gpu_step's)")
+    parser.add_argument("--lr", type=float, default=None, help=f"both sides (default {JOB['lr']}; with --shape gpu_step's)")
+    parser.add_argument("--shape", choices=sorted(TRL_SHAPE_SETTINGS),
+                        help="TRL only, on gpu_step.py's job at this random-init Qwen3 shape (see above)")
+    parser.add_argument("--models", default=str(ROOT / "outputs" / "gpu_step"),
+                        help="with --shape: where the shape's model is built or found (gpu_step.py's --out)")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="TRL's sequences per forward/backward (default: the whole batch; with --shape "
+                             "TRL_SHAPE_SETTINGS)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before TRL's run is stopped; the steps it finished are still reported")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --shape: print the job and TRL's settings, run nothing (gpu_suite.sh check)")
     args = parser.parse_args()
     if args.vllm and args.device != "cuda":
         parser.error("--vllm needs --device cuda")
-    if args.trl_worker:
-        trl_worker(json.loads(Path(args.trl_worker).read_text()))
+    if args.shape:  # ours at a shape is gpu_step.py's verl job; this side is TRL's
+        if args.only == "ours" or args.repeats > 1:
+            parser.error("--shape runs TRL only (ours at the shape: benchmarks/gpu_step.py --shape)")
+        args.only, args.skip_eval = "trl", True  # random-init weights: nothing to evaluate
+    defaults = shape_job(args.shape) if args.shape else {"steps": 40, **JOB}
+    for name in ("steps", "max_response_tokens", "lr"):
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
+    if args.dry_run:
+        if not args.shape:
+            parser.error("--dry-run goes with --shape")
+        print(json.dumps({"bench": "vs_trl_dry_run", "shape": args.shape, "steps": args.steps, "job": job(args),
+                          "trl_settings": trl_settings(args), "model": str(Path(args.models) / f"model-{args.shape}")}))
         return
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="vs_trl-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.shape:
+        missing = trl_missing()
+        if missing:
+            sys.exit(f"vs_trl: {missing}; --shape runs TRL only: put trl on the path (see benchmarks/README.md)")
+        emit("vs_trl", run_shape(args, out))
+        return
     emit("vs_trl", run(args, out))
 
 
@@ -122,7 +173,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             print(f"vs_trl: skipping TRL ({missing}); install it with: pip install -e '.[bench]'", file=sys.stderr)
             result["trl"] = {"skipped": missing}
         else:
-            result["trl"] = run_trl(args, out / "trl", tools, model_dir, env)
+            result["trl"] = run_trl(args, out / "trl", tools, model_dir, env, job(args))
     if not args.skip_eval:
         for side in ("ours", "trl"):
             if result.get(side, {}).get("final_model"):
@@ -136,9 +187,60 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return result
 
 
+def shape_job(shape: str) -> dict[str, Any]:
+    """gpu_step.py's job at `shape` (its parser's defaults): what ours trains there, and so TRL here."""
+    from benchmarks.gpu_step import parse_args
+
+    ours = parse_args(["--shape", shape])
+    return {**JOB, "steps": ours.steps, "prompts": ours.batch, "n": ours.n, "lr": ours.lr, "max_turns": ours.max_turns,
+            "max_response_tokens": ours.max_response_tokens, "max_total_tokens": ours.max_total_tokens}
+
+
+def run_shape(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """TRL on gpu_step.py's job at args.shape, on the same build of the shape's weights."""
+    from benchmarks.gpu_step import build_shape
+
+    load_before = os.getloadavg()
+    tools, _ = asyncio.run(calculator_model())  # the MCP schema TRL's prompt is rendered with
+    model = build_shape(args.shape, Path(args.models))
+    settings = trl_settings(args)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    result: dict[str, Any] = {"benchmark": "vs_trl", "shape": args.shape, "steps": args.steps,
+                              "measured_steps": f"2..{args.steps}", "job": job(args), "model": str(model),
+                              "device": args.device, "trl_generation": "vllm (colocate)" if args.vllm else
+                              "transformers generate()", "vllm_memory": args.vllm_memory if args.vllm else None,
+                              "trl_settings": settings, "trl_version": trl_version()}
+    result["trl"] = run_trl(args, out / "trl", tools, model, env, job(args), settings)
+    result.update({"python": platform.python_version(), "loadavg_1m": [round(load_before[0], 2),
+                   round(os.getloadavg()[0], 2)], "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                   "out": str(out)})
+    return result
+
+
+def trl_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """TRL's settings at args.shape: TRL_SHAPE_SETTINGS, no importance-sampling pass (ours' `update` mode has no
+    old-log-prob forward either), no final model (random-init weights: nothing to evaluate)."""
+    settings = {**TRL_SHAPE_SETTINGS[args.shape], "vllm_importance_sampling_correction": False, "save": False}
+    if args.micro_batch:
+        settings["micro_batch"] = args.micro_batch
+    return settings
+
+
+def trl_version() -> str | None:
+    try:
+        import trl
+
+        return trl.__version__
+    except ImportError:
+        return None
+
+
 def job(args: argparse.Namespace) -> dict[str, Any]:
-    """JOB with this invocation's seed and overrides: what both sides train."""
-    return {**JOB, "seed": args.seed, "max_response_tokens": args.max_response_tokens, "lr": args.lr}
+    """JOB (or gpu_step.py's job at --shape) with this invocation's seed and overrides: what both sides train."""
+    base = shape_job(args.shape) if args.shape else dict(JOB)
+    base.pop("steps", None)
+    return {**base, "seed": args.seed, "max_response_tokens": args.max_response_tokens, "lr": args.lr}
 
 
 async def calculator_model() -> tuple[list[dict], Path]:
@@ -228,12 +330,6 @@ def repeat_stats(runs: list[list[dict]]) -> dict[str, Any]:
             "work_slowest_step": steps[profile.index(max(profile))]}
 
 
-def step_stats(times: list[float]) -> dict[str, Any]:
-    median = statistics.median(times)
-    return {"s_per_step": round(statistics.fmean(times), 3), "median_s": round(median, 3),
-            "max_s": round(max(times), 3), "spread": round(max(times) / median, 2), "steps_timed": len(times)}
-
-
 def evaluate(model: str, out: Path, env: dict) -> float | None:
     cmd = ["bash", str(ROOT / "main_eval.sh"), f"model.path={model}", f"eval.output_dir={out}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -241,147 +337,6 @@ def evaluate(model: str, out: Path, env: dict) -> float | None:
         print(f"vs_trl: main_eval.sh failed for {model}:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
     return json.loads((out / "results.json").read_text())["metrics"]["accuracy"]
-
-
-# ---- TRL ----------------------------------------------------------------------------------------
-
-def trl_missing() -> str | None:
-    try:
-        import trl  # noqa: F401
-        import datasets  # noqa: F401
-    except ImportError as exc:
-        return f"TRL is not installed ({exc})"
-    return None
-
-
-def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict) -> dict[str, Any]:
-    """TRL in a process of its own, like ours (same threads, a fresh interpreter)."""
-    out.mkdir(parents=True, exist_ok=True)
-    spec = {"out": str(out), "model": str(model_dir), "schema": tools[0], "steps": args.steps,
-            "latency_s": args.tool_latency_ms / 1000, "seed": args.seed, "job": job(args), "device": args.device,
-            "vllm": args.vllm, "vllm_memory": args.vllm_memory}
-    (out / "spec.json").write_text(json.dumps(spec))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--trl-worker", str(out / "spec.json")], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"vs_trl: the TRL run failed:\n{proc.stderr[-3000:]}")
-    steps = json.loads((out / "steps.json").read_text())
-    timed = steps[1:] if len(steps) > 1 else steps  # step 1 also builds TRL's caches; ours has no such cost
-    result = step_stats([s["step_s"] for s in timed])
-    result["split"] = {k: round(statistics.fmean(s[k] for s in timed), 4)
-                       for k in ("generate_s", "tools_s", "reward_s", "update_s", "rollout_s")}
-    result["all_steps_spread"] = step_stats([s["step_s"] for s in steps])["spread"]
-    result["first_step_s"] = round(steps[0]["step_s"], 3)
-    result["wall_s"] = round(wall, 1)
-    result["train_reward_last5"] = round(statistics.fmean(s["reward"] for s in steps[-5:]), 3)
-    result["final_model"] = str(out / "final")
-    return result
-
-
-def trl_worker(spec: dict) -> None:
-    """Train with TRL's GRPOTrainer (runs in its own process); writes steps.json and the final model."""
-    import datasets
-    import torch
-    import transformers.utils.chat_template_utils as chat_utils
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from trl import chat_template_utils as trl_chat
-
-    from envs.servers.calculator import CalculatorError, evaluate as calc, format_number
-    from rewards.exact_match import numeric_exact_match
-
-    timers: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def timed(name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            timers[name] = timers.get(name, 0.0) + time.perf_counter() - start
-
-    def calculator(expression: str) -> str:
-        """Evaluate an arithmetic expression with + - * / // % ** and parentheses.
-
-        Args:
-            expression: the arithmetic expression
-        """
-        with timed("tools_s"):
-            if spec["latency_s"]:
-                time.sleep(spec["latency_s"])
-            try:
-                return format_number(calc(expression))
-            except CalculatorError as err:
-                return f"Error: {err}"
-
-    # The prompt must be ours to the byte: render the tool with our MCP server's schema.
-    schema_of = chat_utils.get_json_schema
-    chat_utils.get_json_schema = lambda fn: spec["schema"] if fn is calculator else schema_of(fn)
-
-    def reward(completions, answer, **_):
-        with timed("reward_s"):
-            finals = [next((m.get("content") or "" for m in reversed(c) if m["role"] == "assistant"), "")
-                      for c in completions]
-            return [numeric_exact_match(text, a) for text, a in zip(finals, answer)]
-
-    class Timed(GRPOTrainer):
-        def _generate_single_turn(self, *a, **k):
-            with timed("generate_s"):
-                return super()._generate_single_turn(*a, **k)
-
-        def _generate_and_score_completions(self, *a, **k):
-            with timed("rollout_s"):
-                return super()._generate_and_score_completions(*a, **k)
-
-    steps: list[dict] = []
-
-    class StepTimes(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            timers.clear()
-            self.start = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            step = time.perf_counter() - self.start
-            record = {k: timers.get(k, 0.0) for k in ("generate_s", "tools_s", "reward_s", "rollout_s")}
-            record.update(step_s=step, update_s=step - record["rollout_s"])
-            steps.append(record)
-
-        def on_log(self, _args, _state, _control, logs=None, **__):
-            if logs and "reward" in logs and steps:
-                steps[-1]["reward"] = logs["reward"]
-
-    rows = [json.loads(line) for line in TRAIN_FILE.read_text().splitlines()]
-    data = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
-                                        "answer": r["answer"]} for r in rows])
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    # TRL parses the model's <tool_call>{json}</tool_call> (Hermes / Qwen3) with a response template
-    # (transformers >= 5.13) or the legacy response schema (older: this venv's transformers 5.10, verl's pin).
-    if getattr(trl_chat, "_SUPPORTS_RESPONSE_TEMPLATE", False):
-        tokenizer.response_template = trl_chat.qwen3_template
-    else:
-        tokenizer.response_schema = trl_chat.qwen3_schema
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-    job, cuda = spec["job"], spec["device"] == "cuda"
-    # per turn, as ours: vLLM's SamplingParams name it max_tokens, generate() max_new_tokens
-    per_turn = {"max_tokens" if spec["vllm"] else "max_new_tokens": job["max_response_tokens"]}
-    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": spec["vllm_memory"],
-            "vllm_max_model_length": job["max_total_tokens"] + 64} if spec["vllm"] else {}
-    config = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=not cuda, bf16=cuda,
-        per_device_train_batch_size=job["prompts"] * job["n"], gradient_accumulation_steps=1,
-        num_generations=job["n"], temperature=job["temperature"], top_p=1.0,
-        learning_rate=job["lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=job["warmup_steps"],
-        weight_decay=0.0, max_grad_norm=job["grad_clip"], beta=0.0, epsilon=0.2, loss_type="dapo",
-        max_completion_length=job["max_total_tokens"] - 64,  # the prompt is ~60 tokens of the 512
-        generation_kwargs=per_turn, max_tool_calling_iterations=job["max_turns"] - 1,
-        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, **vllm)
-    trainer = Timed(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer,
-                    tools=[calculator], callbacks=[StepTimes()])
-    trainer.train()
-    trainer.save_model(str(Path(spec["out"]) / "final"))
-    Path(spec["out"], "steps.json").write_text(json.dumps(steps))
 
 
 if __name__ == "__main__":

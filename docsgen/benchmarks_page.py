@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from docsgen import trl_shapes
+
 # The columns each benchmark's table shows: (header, dotted path into the record). A benchmark without an
 # entry shows its top-level numbers.
 COLUMNS: dict[str, list[tuple[str, str]]] = {
@@ -27,10 +29,11 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
                        ("k=0 accuracy spread", "cpu_slow_tools.accuracy_spread_k0"),
                        ("fast tools s/step k=0 / 1", "cpu_fast_tools.k0.median_step_s,cpu_fast_tools.k1.median_step_s"),
                        ("fast tools speedup", "cpu_fast_tools.k1.speedup"), ("H200", "h200.skipped,h200.gpu")],
-    "vs_trl": [("seed", "job.seed"), ("steps", "steps"), ("ours s/step", "ours.s_per_step"),
+    "vs_trl": [("shape", "shape"), ("device", "device"), ("seed", "job.seed"), ("steps", "steps"), ("ours s/step", "ours.s_per_step"),
                ("ours spread", "ours.spread"), ("TRL s/step", "trl.s_per_step"), ("TRL spread", "trl.spread"),
                ("ours / TRL", "ours_vs_trl_step_time"), ("val accuracy ours / TRL", "ours.val_accuracy,trl.val_accuracy"),
-               ("work spread (repeats)", "ours_repeats.work_spread")],
+               ("work spread (repeats)", "ours_repeats.work_spread"), ("TRL median s", "trl.median_s"),
+               ("TRL peak GPU used GiB", "trl.memory_gb.device_peak_used")],
     "packing": [("device", "device"), ("batch", "batch.groups,batch.n"), ("forward tokens plain / packed",
                 "forward_tokens.plain,forward_tokens.packed"), ("update plain / packed s", "plain_s,packed_s"),
                 ("speedup", "speedup"), ("gradient apart", "grad_max_diff")],
@@ -66,7 +69,8 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
                  ("generation s", "phases.generate.s"), ("old log-probs s", "phases.old_log_prob.s"),
                  ("update s", "phases.update.s"), ("weight sync s", "phases.weight_sync.s"),
                  ("old log-probs vs forward", "ratio_to_ceiling.old_log_prob_vs_forward"),
-                 ("update vs forward+backward", "ratio_to_ceiling.update_vs_forward_backward")],
+                 ("update vs forward+backward", "ratio_to_ceiling.update_vs_forward_backward"),
+                 ("peak GPU used GiB", "memory_gb.device_peak_used")],
     "compare_loops": [("model", "model"), ("ours step s", "rl_factory.step_s"), ("verl's step s", "verl_tool_agent.step_s"),
                       ("ours / verl's", "step_ratio"), ("target", "target"), ("met", "met"),
                       ("tokens per step ratio", "tokens_per_step_ratio")],
@@ -219,7 +223,7 @@ def table(name: str, records: list[dict[str, Any]]) -> list[str]:
 
 def render(root: Path) -> str:
     records = load(root / "benchmarks" / "results")
-    out = [INTRO]
+    out = [INTRO, *trl_shapes.table(records)]
     if not records:
         out.append("No records yet: run a script in `benchmarks/`.")
     for name in sorted(records):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from docsgen import benchmarks_page
+from docsgen import benchmarks_page, trl_shapes
 from docsgen.config_reference import _tables, parse
 
 SAMPLE = """# A config. Override keys on the command line.
@@ -62,3 +62,58 @@ def test_a_broken_results_line_names_its_file_and_line(tmp_path):
     (tmp_path / "demo.jsonl").write_text(json.dumps(record("a", "2026-01-01", 1)) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"demo\.jsonl:2: not a JSON line"):
         benchmarks_page.load(tmp_path)
+
+
+def gpu_step_record(date, step_s, shape="qwen3-0.6b", lr=1e-6, overrides=(), commit="aaa"):
+    return {"benchmark": "gpu_step", "date": date, "commit": commit, "command": f"gpu_step.py --shape {shape}",
+            "machine": {"cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H200", "gpus": 1}, "shape": shape, "gpus": 1,
+            "lora_rank": 0, "agent_loop": "rl_factory", "batch": 16, "n": 8, "step_s": step_s,
+            "job": {"max_response_tokens": 256, "max_total_tokens": 512, "max_turns": 3, "lr": lr},
+            "overrides": list(overrides), "trajectories_per_step": 128.0,
+            "phases": {"generate": {"s": 1.5, "generated_tokens": 25600.0}, "update": {"s": 1.0},
+                       "update_weights": {"s": 0.3}, "old_log_prob": {"s": 0.04}},
+            "memory_gb": {"max_allocated": 20.5, "max_reserved": 24.0, "device_peak_used": 110.0, "device_total": 140.0},
+            "tuned": {"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.5}}}}
+
+
+def trl_shape_record(date, median_s, shape="qwen3-0.6b", device="cuda"):
+    return {"benchmark": "vs_trl", "date": date, "commit": "bbb", "command": f"vs_trl.py --shape {shape}",
+            "machine": {"cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H200", "gpus": 1}, "shape": shape, "device": device,
+            "job": {"prompts": 16, "n": 8, "max_response_tokens": 256, "max_total_tokens": 512, "max_turns": 3,
+                    "lr": 1e-6, "seed": 0},
+            "trl": {"median_s": median_s, "mean_completion_tokens": 190.0,
+                    "phases": {"rollout": 1.25, "update": 0.75, "update_weights": 0.2, "old_log_prob": 0.0},
+                    "memory_gb": {"device_peak_used": 90.0, "max_allocated_gb": 70.0, "max_reserved_gb": 80.0,
+                                  "vllm_budget_gb": 42.0}}}
+
+
+def cells_of(lines, shape):
+    line = next(x for x in lines if x.startswith(f"| {shape} |"))
+    return [c.strip() for c in line.strip("|").split(" | ")]
+
+
+def test_the_trl_table_says_not_measured_yet_without_gpu_records():
+    lines = trl_shapes.table({"vs_trl": [trl_shape_record("2026-12-05", 2.0, device="cpu")]})
+    for shape in ("qwen3-0.6b", "qwen3-4b"):
+        assert cells_of(lines, shape)[1] == "not measured yet"
+
+
+def test_the_trl_table_puts_ours_on_the_same_job_beside_trls_newest_record():
+    records = {"gpu_step": [gpu_step_record("2026-12-05T10:00", 4.0),
+                            gpu_step_record("2026-12-05T11:00", 9.0, lr=3e-4),  # another job: not beside TRL's
+                            gpu_step_record("2026-12-05T12:00", 9.5, overrides=["algorithm.old_log_probs=recompute"])],
+               "vs_trl": [trl_shape_record("2026-12-05T09:00", 8.0), trl_shape_record("2026-12-05T10:30", 5.0)]}
+    head, cells = trl_shapes.HEAD, cells_of(trl_shapes.table(records), "qwen3-0.6b")
+    got = dict(zip(head, cells))
+    assert got["step s ours / TRL"] == "4 / 5" and got["ours / TRL (target <= 1)"] == "0.80 (met)"
+    assert got["rollout s"] == "1.5 / 1.25" and got["weight sync s"] == "0.3 / 0.2"
+    assert got["peak GPU used GiB"] == "110 / 90" and got["torch peak allocated, reserved GiB"] == "20.5, 24 / 70, 80"
+    assert got["vLLM budget GiB"] == "70 / 42" and got["tokens a trajectory (ours generated / TRL completion)"] == "200 / 190"
+    assert got["commit"] == "`aaa` / `bbb`" and got["date"] == "2026-12-05 10:00 / 2026-12-05 10:30"
+    assert cells_of(trl_shapes.table(records), "qwen3-4b")[1] == "not measured yet"
+
+
+def test_the_trl_table_shows_one_side_with_the_other_not_measured_yet():
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"vs_trl": [trl_shape_record("2026-12-05", 5.0)]}),
+                                             "qwen3-0.6b")))
+    assert got["step s ours / TRL"] == "not measured yet / 5" and got["ours / TRL (target <= 1)"] == ""

@@ -1,0 +1,75 @@
+"""The peak GPU memory a job used, read from the driver (nvidia-smi) while it runs.
+
+Frameworks split a step's memory differently: verl keeps its vLLM server, FSDP actor and Ray workers in
+separate processes (each torch allocator sees only its own share), TRL keeps vLLM inside its trainer's
+process. What the device itself reports as used, sampled every `interval` seconds, is the one number that
+means the same on both sides.
+
+    with DevicePeak() as peak:
+        subprocess.run(job)
+    peak.result()   # {"peak_used_gb": ..., "total_gb": ..., "baseline_used_gb": ..., "samples": ...} or None
+
+GiB, as verl's and torch's `*_gb` figures. Without nvidia-smi (CPU machines) the result is None.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from typing import Any
+
+
+def gpu_index() -> str:
+    """The device a one-GPU job runs on: the first of CUDA_VISIBLE_DEVICES, else 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible or "0"
+
+
+def used_and_total_mib(index: str) -> tuple[float, float] | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits",
+                              "-i", index], capture_output=True, text=True, timeout=10, check=True).stdout
+        used, total = (float(x) for x in out.strip().splitlines()[0].split(","))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return used, total
+
+
+class DevicePeak:
+    """Samples the device's used memory in a thread between __enter__ and __exit__."""
+
+    def __init__(self, interval: float = 0.5, index: str | None = None):
+        self.interval, self.index = interval, index or gpu_index()
+        self.samples: list[float] = []
+        self.total: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "DevicePeak":
+        if shutil.which("nvidia-smi") is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _poll(self) -> None:
+        while True:
+            read = used_and_total_mib(self.index)
+            if read is not None:
+                self.samples.append(read[0])
+                self.total = read[1]
+            if self._stop.wait(self.interval):
+                return
+
+    def result(self) -> dict[str, Any] | None:
+        if not self.samples:
+            return None
+        gib = lambda mib: round(mib / 1024, 2)  # noqa: E731
+        return {"peak_used_gb": gib(max(self.samples)), "total_gb": gib(self.total or 0),
+                "baseline_used_gb": gib(self.samples[0]), "samples": len(self.samples),
+                "interval_s": self.interval}

@@ -1,0 +1,137 @@
+"""The benchmarks page's table of ours against TRL at the Qwen3 shapes, one row per shape.
+
+Ours is the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no
+overrides); TRL's the newest `vs_trl --shape` record of the shape on a GPU. Where both exist, ours must have
+trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
+beside it. A side without such a record says "not measured yet".
+
+    .venv/bin/python -m docsgen.trl_shapes benchmarks/results [more record directories]   # the table, printed
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+SHAPES = ("qwen3-0.6b", "qwen3-4b")
+JOB_KEYS = ("prompts", "n", "max_response_tokens", "max_total_tokens", "max_turns", "lr")
+MISSING = "not measured yet"
+
+INTRO = """## ours vs TRL at the Qwen3 shapes
+
+The same job on one GPU: ours on verl (`benchmarks/gpu_step.py --shape S --steps 5 --no-ceilings`) and TRL's
+`GRPOTrainer` with vLLM colocated (`benchmarks/vs_trl.py --shape S --device cuda --vllm --steps 5`), on the same
+random-init weights, data, reward and calculator tool, 16 prompts x 8, 3 turns of 256 tokens, 512 tokens a
+trajectory, lr 1e-6, no KL, no old-log-prob pass on either side. `bash benchmarks/gpu_suite.sh ours_shape 0.6b`
+and `trl_shape 0.6b` (then `4b`) run them; benchmarks/README.md has the device commands. Seconds are medians
+over steps 2-5 (step 1 compiles and captures graphs). Rollout: generation, tools and reward (TRL's without the
+weight copy into vLLM, which is its own column on both sides). Memory in GiB: the device's peak used memory while
+the job ran (nvidia-smi: every process, vLLM's included), each side's torch allocator peak (ours: the FSDP
+actor's process; TRL: its one process, vLLM's tensors included), and vLLM's budget (gpu_memory_utilization x
+the GPU). Target: ours / TRL <= 1 at both shapes.
+"""
+
+HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "update s", "weight sync s",
+        "old log-probs s", "peak GPU used GiB", "torch peak allocated, reserved GiB", "vLLM budget GiB",
+        "tokens a trajectory (ours generated / TRL completion)", "machine", "commands", "commit", "date"]
+
+
+def ours_matches(r: dict[str, Any], shape: str) -> bool:
+    return (r.get("shape") == shape and "job" in r and r.get("gpus", 1) == 1 and not r.get("lora_rank")
+            and r.get("agent_loop", "rl_factory") == "rl_factory" and not r.get("overrides") and r.get("step_s"))
+
+
+def trl_matches(r: dict[str, Any], shape: str) -> bool:
+    return r.get("shape") == shape and r.get("device") == "cuda" and bool((r.get("trl") or {}).get("median_s"))
+
+
+def ours_job(r: dict[str, Any]) -> dict[str, Any]:
+    return {"prompts": r.get("batch"), "n": r.get("n"), **r["job"]}
+
+
+def newest(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(records, key=lambda r: str(r.get("date", "")), default=None)
+
+
+def pair(records: dict[str, list[dict[str, Any]]], shape: str) -> tuple[dict | None, dict | None]:
+    """(ours, TRL) for `shape`: TRL's newest record, and ours' newest on the same job."""
+    trl = newest([r for r in records.get("vs_trl", []) if trl_matches(r, shape)])
+    ours = [r for r in records.get("gpu_step", []) if ours_matches(r, shape)]
+    if trl is not None:
+        job = {k: trl.get("job", {}).get(k) for k in JOB_KEYS}
+        ours = [r for r in ours if {k: ours_job(r).get(k) for k in JOB_KEYS} == job]
+    return newest(ours), trl
+
+
+def get(record: dict[str, Any] | None, path: str) -> Any:
+    from docsgen.benchmarks_page import get as get_path  # (that module imports this one)
+
+    return get_path(record, path) if record else None
+
+
+def num(value: Any) -> str:
+    from docsgen.benchmarks_page import fmt
+
+    return "-" if value is None else value if isinstance(value, str) else fmt(value)
+
+
+def both(ours: dict | None, trl: dict | None, ours_value: Any, trl_value: Any, missing: str = "-") -> str:
+    """"ours / TRL"; a side without a record shows `missing` (the step column says so in words)."""
+    return f"{num(ours_value) if ours else missing} / {num(trl_value) if trl else missing}"
+
+
+def vllm_budget(ours: dict | None) -> float | None:
+    share, total = get(ours, "tuned.actor_rollout_ref.rollout.gpu_memory_utilization"), get(ours, "memory_gb.device_total")
+    return round(share * total, 1) if share and total else None
+
+
+def tokens_per_trajectory(ours: dict | None) -> float | None:
+    tokens, trajectories = get(ours, "phases.generate.generated_tokens"), get(ours, "trajectories_per_step")
+    return round(tokens / trajectories, 1) if tokens and trajectories else None
+
+
+def row(shape: str, ours: dict | None, trl: dict | None) -> list[str]:
+    from docsgen.benchmarks_page import machine_text
+
+    if ours is None and trl is None:
+        return [shape, MISSING] + [""] * (len(HEAD) - 2)
+    ratio = ""
+    if ours and trl:
+        value = ours["step_s"] / trl["trl"]["median_s"]
+        ratio = f"{value:.2f} ({'met' if value <= 1 else 'not met'})"
+    sides = [r for r in (ours, trl) if r]
+    machines = list(dict.fromkeys(machine_text(r.get("machine", {})) for r in sides))
+    commands = "<br>".join(f"{name}: `{r.get('command', '')}`" for name, r in (("ours", ours), ("TRL", trl)) if r)
+    cells = [
+        shape, both(ours, trl, get(ours, "step_s"), get(trl, "trl.median_s"), MISSING), ratio,
+        both(ours, trl, get(ours, "phases.generate.s"), get(trl, "trl.phases.rollout")),
+        both(ours, trl, get(ours, "phases.update.s"), get(trl, "trl.phases.update")),
+        both(ours, trl, get(ours, "phases.update_weights.s"), get(trl, "trl.phases.update_weights")),
+        both(ours, trl, get(ours, "phases.old_log_prob.s"), get(trl, "trl.phases.old_log_prob")),
+        both(ours, trl, get(ours, "memory_gb.device_peak_used"), get(trl, "trl.memory_gb.device_peak_used")),
+        both(ours, trl, f"{num(get(ours, 'memory_gb.max_allocated'))}, {num(get(ours, 'memory_gb.max_reserved'))}",
+             f"{num(get(trl, 'trl.memory_gb.max_allocated_gb'))}, {num(get(trl, 'trl.memory_gb.max_reserved_gb'))}"),
+        both(ours, trl, vllm_budget(ours), get(trl, "trl.memory_gb.vllm_budget_gb")),
+        both(ours, trl, tokens_per_trajectory(ours), get(trl, "trl.mean_completion_tokens")),
+        " / ".join(machines), commands,
+        " / ".join(f"`{r.get('commit', '')}`" for r in sides),
+        " / ".join(str(r.get("date", ""))[:16].replace("T", " ") for r in sides),
+    ]
+    return [c.replace("|", "\\|") for c in cells]
+
+
+def table(records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    out = [INTRO, "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    for shape in SHAPES:
+        out.append("| " + " | ".join(row(shape, *pair(records, shape))) + " |")
+    return out + [""]
+
+
+if __name__ == "__main__":
+    from docsgen.benchmarks_page import load
+
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for directory in sys.argv[1:] or ["benchmarks/results"]:
+        for name, rows in load(Path(directory)).items() if Path(directory).is_dir() else []:
+            merged.setdefault(name, []).extend(rows)
+    print("\n".join(table(merged)))
