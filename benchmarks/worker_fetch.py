@@ -11,7 +11,9 @@ budget (what `infer_batch` and `train_mini_batch` do first). Each repeat times b
 first. Not measured here: the copies of each micro-batch to the GPU, which also shrink with the fields.
 
 Prints one JSON line: per loop, the field counts and the median (and all) milliseconds of the fetch and the
-split, for every field and for ours.
+split, for every field and for ours; and `guard_read_ms`: the run guard's read of the same batch in the trainer
+(rl_factory/backends/verl/trained.py `read_batch`: input_ids, responses and response_mask fetched, every masked run
+hashed), which the update's call pays once a step.
 """
 from __future__ import annotations
 
@@ -45,8 +47,14 @@ def time_calls(keys: list[str], repeats: int) -> dict:
         prepare_micro_batches(data)
         seen["split"].append(time.perf_counter() - t0)
 
+    from rl_factory.backends.verl.trained import read_batch
+
     out: dict[str, dict] = {}
+    reads = []
     for k in range(repeats):
+        t0 = time.perf_counter()
+        read_batch(KVBatchMeta(keys=list(keys), tags=[{}] * len(keys), partition_id="train"))
+        reads.append(round(1000 * (time.perf_counter() - t0), 1))
         for which in (("all", "needed") if k % 2 == 0 else ("needed", "all")):
             meta = KVBatchMeta(keys=list(keys), tags=[{}] * len(keys), partition_id="train")
             seen["t0"] = time.perf_counter()
@@ -63,6 +71,7 @@ def time_calls(keys: list[str], repeats: int) -> dict:
         side["fetch_ms_median"] = statistics.median(side["fetch_ms"])
         side["split_ms_median"] = statistics.median(side["split_ms"])
         side["num_fields"] = len(side["fields"])
+    out["guard_read_ms"] = {"median": statistics.median(reads), "all": reads}
     out["saved_ms_median"] = round(out["all"]["fetch_ms_median"] + out["all"]["split_ms_median"]
                                    - out["needed"]["fetch_ms_median"] - out["needed"]["split_ms_median"], 1)
     return out

@@ -5,7 +5,8 @@ the digest of the ids it sampled, the policy version it sampled with and, where 
 fingerprint of its weights. The trainer side is what the update will train: every run of loss-masked
 ids of every training sample (`Trajectory.training_samples`). Both sides are reduced here to one JSON
 record per trajectory, the same record on both backends (the verl agent loop builds it from the
-same `Trajectory`), so every check and every replay reads only JSON.
+same `Trajectory`), so every check and every replay reads only JSON. On verl the trainer's side is then
+replaced by what the actor's batch holds (`run_digests` of its rows: rl_factory/backends/verl/trained.py).
 """
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def mask_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
     if current:
         runs.append(current)
     return runs
+
+
+def run_digests(ids: Any, mask: Any) -> list[str]:
+    """`digest` of every run of `mask_runs(ids, mask)`, for arrays (a row of verl's batch, rl_factory/backends/verl/
+    trained.py): the same bytes are hashed, so the same tokens give the same digests, without a loop over tokens.
+    A mask shorter than the ids leaves the rest untrained (verl's padding of a short mask is 0)."""
+    import numpy as np
+
+    ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+    mask = np.asarray(mask).reshape(-1)[: len(ids)] != 0
+    mask = np.concatenate([mask, np.zeros(len(ids) - len(mask), dtype=bool)])
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [hashlib.blake2b(ids[start:end].tobytes(), digest_size=8).hexdigest()
+            for start, end in zip(edges[::2].tolist(), edges[1::2].tolist())]
 
 
 def receipt(ids: list[int], version: int | None, weights: str | None) -> dict[str, Any]:

@@ -8,6 +8,14 @@ weights after step s with version s, so the rollouts of step s expect version s 
 and the doctor's tool baseline need the reward and the chat template in this process and are left out
 here; the other checks are the embedded trainer's.
 
+The `tokens` check compares the receipts with what the actor trains: verl's trainer hands this guard, per step, the
+digests of the batch it gives the actor (`trained`, from rl_factory/backends/verl/trained.py, keyed by the
+evidence's `session_key`), and those replace the agent loop's own trained side of each line (`trained_in: "actor
+batch"`). A line no batch holds yet waits up to `horizon` steps (verl's async trainers train a rollout after its
+step was logged): it is counted untrained at its step and judged, as `late` evidence, at the step that trains it.
+A step the trainer handed nothing for (the guard's batch read off, a step re-checked after a resume) is judged on
+the agent loop's side, as before.
+
 The checks' state goes with verl's checkpoints (rl_factory/guard/state.py): verl saves step N's checkpoint
 before it logs step N, so once this guard has checked step N it writes `global_step_N/guard_state.json` into
 the checkpoint verl just saved, and `guard/state.json` (the latest step's) into the run directory. A run resumed
@@ -50,6 +58,10 @@ class LineGuard:
         self.guard = Guard(self.cfg, out_dir, redacted(run.composed), states) if self.enabled else None
         self.latest = Path(out_dir) / GUARD_DIR / LATEST_FILE
         self.pending: int | None = None  # a resumed step whose checks run again (its state was not saved)
+        self.wants_batch = self.enabled and self.cfg.tokens.action != "off"
+        self.horizon = self.cfg.receipts.max_staleness + 2  # steps a line waits for the batch that trains it
+        self.batches: dict[int, dict[str, dict[str, Any]]] = {}  # step -> session_key -> what the actor trained
+        self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # session_key -> (its step, evidence): not yet trained
 
     def resume(self, checkpoints: Path, step: int) -> None:
         """Continue from the state saved with verl's checkpoint of `step` (`global_step_<step>`), else from the
@@ -88,8 +100,42 @@ class LineGuard:
         if not where:
             return {}
         evidence = [_with_reward(lines[i]) for i in where]
-        data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1})
+        late = self._join(step, evidence, [lines[i] for i in where]) if step in self.batches else []
+        data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1}, late=late)
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
+
+    def trained(self, step: int, rows: dict[str, dict[str, Any]]) -> None:
+        """What the actor is handed at `step`, per `session_key` (`trained`, `trained_tokens`); verl's trainer calls it
+        once per update (several with `parameter_sync_step` > 1)."""
+        self.batches.setdefault(step, {}).update(rows)
+
+    def _join(self, step: int, evidence: list[dict[str, Any]], lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The batches' trained side in place of the agent loop's, in `evidence` (in place); returns the evidence of
+        earlier lines that this step's batch trained (`late`)."""
+        rows = {k: v for s in sorted(self.batches) if s <= step for k, v in self.batches.pop(s).items()}
+        for ev, line in zip(evidence, lines):
+            ev["session"] = line.get("session", 0)
+            if line.get("dropped_by"):
+                ev["dropped_by"] = line["dropped_by"]
+            key = ev.get("session_key")
+            if key is None:  # a line without verl's key (written by an older agent loop): the loop's side
+                continue
+            if key in rows:
+                ev.update(rows.pop(key), trained_in="actor batch")
+            else:  # not trained (yet): an async trainer trains it later, dynamic sampling evicted its group
+                self.waiting[key] = (step, dict(ev))
+                ev.update(trained=None, trained_tokens=0, trained_in=None)
+        late = []
+        for key in [k for k in rows if k in self.waiting]:
+            rolled_out, ev = self.waiting.pop(key)
+            late.append({**ev, **rows.pop(key), "trained_in": "actor batch", "rolled_out": rolled_out})
+        if rows:  # batch rows whose line has not been logged yet: kept for the step that logs it
+            self.batches.setdefault(step, {}).update(rows)
+        for key in [k for k, (s, _) in self.waiting.items() if s <= step - self.horizon]:
+            del self.waiting[key]
+        for old in [s for s in self.batches if s <= step - self.horizon]:
+            del self.batches[old]
+        return late
 
     def enforce(self) -> None:
         if self.guard is not None:

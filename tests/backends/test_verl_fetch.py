@@ -230,7 +230,9 @@ def test_launcher_picks_the_task_runner_from_worker_fetch(ray_cluster, verl_setu
     with pytest.raises(ray.exceptions.RayTaskError, match="Missing key transfer_queue"):  # verl's run, past ours
         ray.get(runner.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}})))
     ray.kill(runner)
-    OmegaConf.update(cfg, "worker_fetch", "all")
+    OmegaConf.update(cfg, "worker_fetch", "all")  # the run guard still reads the update's batch (trained.py)
+    assert task_runner_class(cfg, TaskRunnerV1) is not TaskRunnerV1
+    OmegaConf.update(cfg, "rl_factory.trainer.guard.tokens.action", "off")
     assert task_runner_class(cfg, TaskRunnerV1) is TaskRunnerV1
     OmegaConf.update(cfg, "worker_fetch", "some")
     with pytest.raises(ConfigError, match="worker_fetch='some'"):

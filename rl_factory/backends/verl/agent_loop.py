@@ -208,7 +208,9 @@ class RLFactoryAgentLoop(AgentLoopBase):
         # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it)
         spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
                  "tools_s": round(timing["timing/tools_s"], 4)}
-        evidence = trajectory_evidence(traj)  # the run guard's (rl_factory/guard), checked where verl logs the step
+        # the run guard's (rl_factory/guard), checked where verl logs the step; `session_key` is the prefix of this
+        # session's keys in verl's batch ({uid}_{session}_{output}), where the guard reads what the actor trains
+        evidence = {**trajectory_evidence(traj), "session_key": f"{uid}_{session}"}
         if score is not None:  # verl skips its reward worker for this trajectory: its rollouts line is written here
             write_part(state.output_dir, split, step, [{**trajectory_record(traj), "session": session, "score": score,
                                                         "timing": spent, "guard": evidence}])

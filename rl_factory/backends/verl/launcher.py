@@ -9,7 +9,7 @@ and later in its workers (validate.py: `--cfg job` and `--doctor` run the same c
 the config after them, before any file is written or Ray starts); only then is anything written: our data in
 verl's Parquet layout in `<output_dir>/verl_data/`, and after the GPU and install checks `config.yaml` and
 `run.json`; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
-fetch.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
+fetch.py, trained.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
 
 Our config is parsed once here (`rl_factory.config.parse`) and the steps get its slices. Paths in it are
 made absolute: Ray workers do not share the driver's working directory, and on several nodes the output
@@ -246,10 +246,12 @@ def check_trl() -> None:
 
 
 def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
-    """verl's TaskRunner (`worker_fetch: all`), or ours, whose trainer fetches only what the workers read (fetch.py)."""
-    from rl_factory.backends.verl import fetch
+    """Ours, whose trainer fetches only what the workers read (fetch.py) and hands the run guard the batch the actor
+    trains (trained.py); verl's own TaskRunner when neither is wanted (`worker_fetch: all`, the tokens check off)."""
+    from rl_factory.backends.verl import fetch, trained
 
-    return fetch.task_runner(verls) if fetch.mode(cfg) == "needed" else verls
+    narrow, guard_batch = fetch.mode(cfg) == "needed", trained.wanted(cfg)
+    return fetch.task_runner(verls, narrow, guard_batch) if narrow or guard_batch else verls
 
 
 def guard_stop(exc: BaseException):
