@@ -21,12 +21,16 @@ GPU, on the same model and the same token counts:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
 
-Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs;
+Prints one JSON line: where the launch's time went before its first step (`startup`: the run's startup.json,
+rl_factory/backends/verl/startup.py; also printed when the job ends before its first step), per phase the
+median seconds over steps 2..K (step 1 compiles and captures graphs;
 `--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
 `--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
 the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
-`--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
+`--startup-variant NAME` launches the job with one start-up variant's verl keys (benchmarks/startup_variants.py;
+`--fresh-caches`: with empty compile caches, as a first launch on a machine). The ceilings run in
+benchmarks/ceilings.py. `--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
 config-only directory) and prints the tuned settings: the CPU check of a GPU command.
 `--shape`: qwen3-0.6b / qwen3-4b are Qwen3's layer shapes with the builtin tokenizer's small vocabulary
 (so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against; qwen3-4b keeps
@@ -47,6 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import startup_variants  # noqa: E402
+from benchmarks.ceilings import measure_ceiling  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
@@ -138,14 +144,20 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         from benchmarks.verl_tool_agent import overrides
 
         out += overrides(args.max_turns)
-    return out + list(args.overrides)
+    return out + startup_variants.overrides(getattr(args, "startup_variant", "baseline")) + list(args.overrides)
+
+
+def launch_env(args: argparse.Namespace, run_dir: Path) -> dict[str, str]:
+    """The job's environment: our checkout first on PYTHONPATH; with --fresh-caches, compile caches of its own."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    return {**env, **startup_variants.fresh_cache_env(run_dir)} if getattr(args, "fresh_caches", False) else env
 
 
 def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float]:
     """Run the job (its output streamed to run_dir/bench_stdout.log); stop it after --timeout seconds."""
     import signal
 
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    env = launch_env(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
@@ -166,7 +178,10 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     if code != 0:
         print(f"gpu_step: the verl run ended with {code} after {wall:.0f} s; log: {log}", file=sys.stderr)
-        if not [m for m in lines if m["step"] >= 1]:
+        if not [m for m in lines if m["step"] >= 1]:  # still one line: where its start-up was when it ended
+            print(json.dumps({"bench": "gpu_step", "exit_code": code, "job_wall_s": round(wall, 1),
+                              "startup_variant": getattr(args, "startup_variant", "baseline"),
+                              "startup": startup_variants.startup_record(run_dir), "log": str(log)}))
             sys.exit(log.read_text()[-4000:])
     return [m for m in lines if m["step"] >= 1], wall
 
@@ -220,111 +235,6 @@ def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     return {"prompt": prompts, "generated": generated, "total": totals, "turns": turns}
 
 
-# ---- ceilings (each runs in its own process: `python gpu_step.py --ceiling NAME --spec JSON`) ----------
-
-def ceiling_vllm(spec: dict) -> dict:
-    """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
-    as many tokens as one trajectory of the step did (ignore_eos), all submitted at once.
-
-    Each request keeps its own trajectory's length, not the mean: the longest trajectory is the critical
-    path of a rollout, and a ceiling at the mean length would hide it.
-    """
-    import random
-
-    from vllm import LLM, SamplingParams
-
-    gen_lens = spec["gen_lens"]
-    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
-              max_model_len=spec["prompt_len"] + max(gen_lens) + 16, enable_prefix_caching=True)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
-               for _ in range(-(-len(gen_lens) // spec["n"]))]
-    requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
-    def run(logprobs: int | None, detokenize: bool = False) -> dict:
-        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
-                                 detokenize=detokenize) for n in gen_lens]
-        # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
-        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01). The ceiling
-        # is the best of three: vLLM's run-to-run spread on the same requests was 1.44-1.93 s.
-        llm.generate(requests, params, use_tqdm=False)
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            outs = llm.generate(requests, params, use_tqdm=False)
-            times.append(time.perf_counter() - t0)
-        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), min(times)
-        return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
-                "tokens_per_s": tokens / seconds}
-
-    # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
-    # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
-    # beside it what the log-probs cost and what vLLM's default detokenization would add.
-    same = run(logprobs=0)
-    return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
-            "requests": len(requests), "max_gen_len": max(gen_lens)}
-
-
-def ceiling_train(spec: dict) -> dict:
-    """Plain PyTorch forward(+backward) over the step's sequences, packed by the actor's token budget."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    import rl_factory.models.varlen_attention  # noqa: F401 - registers rl_factory_varlen
-    from rl_factory.backends.verl.tuning import attention_implementation
-
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
-                                                 attn_implementation=attention_implementation()).cuda()
-    budget, lengths = spec["token_budget"], spec["lengths"]
-    batches, current = [], []
-    for n in lengths:
-        if current and sum(current) + n > budget:
-            batches.append(current)
-            current = []
-        current.append(n)
-    batches.append(current)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    packed = []
-    for batch in batches:
-        total = sum(batch)
-        ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=gen)
-        pos = torch.cat([torch.arange(n, device="cuda") for n in batch])[None]
-        packed.append((ids, pos))
-
-    def run(backward: bool) -> None:
-        for ids, pos in packed:
-            with torch.set_grad_enabled(backward):
-                logits = model(input_ids=ids, position_ids=pos).logits
-                loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
-            if backward:
-                loss.backward()
-        torch.cuda.synchronize()
-
-    out, tokens = {}, sum(lengths)
-    for name, backward in (("forward_backward", True), ("forward", False)):
-        model.train(backward)
-        run(backward)  # warm up
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            run(backward)
-            times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-        seconds = statistics.median(times)
-        out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-    out["attn_implementation"] = attention_implementation()
-    return out
-
-
-def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
-    path = out_dir / f"ceiling-{name}.json"
-    proc = subprocess.run([sys.executable, __file__, "--ceiling", name, "--spec", json.dumps(spec), "--result", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
-    if proc.returncode != 0 or not path.exists():
-        return {"error": (proc.stderr or proc.stdout)[-1500:]}
-    return json.loads(path.read_text())
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group()
@@ -348,10 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prepare", action="store_true",
                     help="only build the model (the shape or the builtin one) and exit: the jobs after it start warm")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
+    ap.add_argument("--startup-variant", default="baseline", choices=sorted(startup_variants.VARIANTS),
+                    help="the job with one start-up variant's verl keys (benchmarks/startup_variants.py)")
+    ap.add_argument("--fresh-caches", action="store_true",
+                    help="empty vLLM / Inductor / Triton compile caches for this launch: a first launch's start-up")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
-    ap.add_argument("--ceiling", help=argparse.SUPPRESS)
-    ap.add_argument("--spec", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
     return ap
 
@@ -384,7 +295,8 @@ def cfg_job(args: argparse.Namespace, out: Path) -> dict:
     proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *overrides, "--cfg", "job"], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
     result = {"bench": "gpu_step_cfg_job", "shape": args.shape, "gpus": args.gpus, "tp": args.tp, "batch": args.batch,
-              "exit_code": proc.returncode, "command": ["bash", "main_grpo.sh", *overrides]}
+              "startup_variant": args.startup_variant, "exit_code": proc.returncode,
+              "command": ["bash", "main_grpo.sh", *overrides]}
     if proc.returncode != 0:
         return {**result, "error": proc.stderr[-1500:]}
     cfg = yaml.safe_load(proc.stdout)
@@ -394,10 +306,6 @@ def cfg_job(args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.ceiling:
-        fn = {"vllm": ceiling_vllm, "train": ceiling_train}[args.ceiling]
-        Path(args.result).write_text(json.dumps(fn(json.loads(args.spec))))
-        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.cfg_job:
@@ -412,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
     launched = time.time()
+    cache = "fresh" if args.fresh_caches else startup_variants.compile_cache(launch_env(args, run_dir))
     lines, wall = run_verl(args, model, run_dir)
     until = args.measure_until or args.steps
     numbers = step_numbers(lines, until)
@@ -449,6 +358,9 @@ def main(argv: list[str] | None = None) -> None:
         },
         "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"]},
         "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
+        # where the launch's time went before its first step (the run's startup.json, written by our launcher and
+        # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
+        "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
     }
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup
     if (args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank and args.gpus == 1

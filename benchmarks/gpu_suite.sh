@@ -7,6 +7,10 @@
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
+#   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
+#                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:
+#                                            # the machine's); the line's `startup` says where each launch's time
+#                                            # went before its first step (benchmarks/startup_variants.py lists them)
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
 #   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
@@ -25,7 +29,8 @@
 #                                            # again: groups once each, servers per worker and none left, resume
 #   bash benchmarks/gpu_suite.sh two_gpu_arena   # (the same without the kill: one launch)
 #   bash benchmarks/gpu_suite.sh two_gpu_resume  # (the default grpo job: kill after the first checkpoint, restart)
-#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, and every two_gpu* command composed with --cfg job
+#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, and every two_gpu* command and start-up variant
+#                                            # composed with --cfg job
 #   bash benchmarks/gpu_suite.sh collect DIR # results + logs (no weights) into DIR/gpu_suite.tgz
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
@@ -104,6 +109,13 @@ two_gpu_part() {
     *) echo "two_gpu: unknown part '$1' (one, tp1, tp2)" >&2; exit 2 ;;
   esac
 }
+STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-290}  # seconds per start-up launch: two fit one 10-minute call
+startup_part() {  # one launch of a start-up variant; its line has the run's startup.json even if it never trained
+  local caches=(--fresh-caches)
+  [ "${STARTUP_CACHES:-fresh}" = shared ] && caches=()
+  run_line $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 2 --no-ceilings --timeout "$STARTUP_TIMEOUT" \
+      --out outputs/gpu_suite --startup-variant "$1" "${caches[@]}"
+}
 two_gpu_job() {  # name, two_gpu_checks.py options
   local name=$1; shift
   run_line $PY benchmarks/two_gpu_checks.py --gpus 2 --timeout 520 --out "outputs/gpu_suite/$name" "$@"
@@ -125,8 +137,16 @@ case "${1:-}" in
     for part in one tp1 tp2; do two_gpu_part "$part"; done
     two_gpu_job check_checks --advantage arena --kill-after-checkpoint
     two_gpu_job check_resume --advantage grpo --kill-after-checkpoint
-    [ "$FAILED" = 0 ] && echo "check: every two_gpu command composes" || echo "check: FAILED" >&2
+    for variant in $($PY -c "from benchmarks.startup_variants import VARIANTS; print(*VARIANTS)"); do
+      startup_part "$variant"
+    done
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu command and start-up variant composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
+  startup)
+    shift
+    variants=("$@")
+    [ ${#variants[@]} -eq 0 ] && variants=(baseline fast)
+    for variant in "${variants[@]}"; do startup_part "$variant"; done ;;
   step)  # with py-spy installed, two more steps run under it (benchmarks/pyspy_watch.py); medians stay steps 2-5
     if command -v py-spy >/dev/null; then
       $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 5 --seconds 10 --out outputs/gpu_suite/pyspy \

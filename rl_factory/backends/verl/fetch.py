@@ -20,9 +20,9 @@ field, and the update 1.19 against 1.55 s. On CPU, the whole old-log-prob call b
 (`benchmarks/old_log_prob_call.py`, medians of 10): 235 ms with every field, 160 with UNREAD, 153 with
 FORWARD_UNREAD too. Its old-log-prob pass also puts back the old log-probs alone (`old_log_prob_pass`):
 H200, 2026-12-04, same job, 0.470 s before, 0.453 and 0.435 s after (0.51 and 0.52 of the forward ceiling).
-It takes the mode's place in verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's
+It takes the mode's place in verl's trainer registry inside our TaskRunner only (runner.py): the mode's
 name stays, because verl's trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
-`worker_fetch: all` in configs/verl.yaml keeps verl's own TaskRunner and behaviour.
+`worker_fetch: all` in configs/verl.yaml keeps verl's own fetch.
 """
 from __future__ import annotations
 
@@ -169,20 +169,3 @@ def use_narrow_fetch(trainer_mode: str) -> type:
     trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
     return cls
 
-
-def task_runner(base: Any) -> Any:
-    """verl's TaskRunner actor class `base` (TaskRunnerV1), whose run first installs NarrowFetch for its mode.
-
-    `base` is a Ray actor class; Ray keeps the Python class it wraps on its modified class. The registry
-    is changed in the TaskRunner's own process, the one that looks the trainer up.
-    """
-    import ray
-
-    wrapped = base.__ray_metadata__.modified_class.__ray_actor_class__
-
-    class NarrowFetchTaskRunner(wrapped):
-        def run(self, config):
-            use_narrow_fetch(config.trainer.v1.trainer_mode)
-            return super().run(config)
-
-    return ray.remote(NarrowFetchTaskRunner)

@@ -1,0 +1,133 @@
+"""The ceilings gpu_step.py sets a verl step's phases beside, each measured in a fresh process on the same GPU.
+
+    python benchmarks/ceilings.py vllm|train --spec JSON --result PATH     # (gpu_step.py runs these itself)
+
+`vllm`: vLLM alone (offline `LLM.generate`) on the step's requests; `train`: plain PyTorch forward(+backward) over
+the step's sequences, packed by the actor's token budget (gpu_step.py's docstring says what each matches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+def ceiling_vllm(spec: dict) -> dict:
+    """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
+    as many tokens as one trajectory of the step did (ignore_eos), all submitted at once.
+
+    Each request keeps its own trajectory's length, not the mean: the longest trajectory is the critical
+    path of a rollout, and a ceiling at the mean length would hide it.
+    """
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    gen_lens = spec["gen_lens"]
+    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
+              max_model_len=spec["prompt_len"] + max(gen_lens) + 16, enable_prefix_caching=True)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
+               for _ in range(-(-len(gen_lens) // spec["n"]))]
+    requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
+    def run(logprobs: int | None, detokenize: bool = False) -> dict:
+        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
+                                 detokenize=detokenize) for n in gen_lens]
+        # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
+        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01). The ceiling
+        # is the best of three: vLLM's run-to-run spread on the same requests was 1.44-1.93 s.
+        llm.generate(requests, params, use_tqdm=False)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            outs = llm.generate(requests, params, use_tqdm=False)
+            times.append(time.perf_counter() - t0)
+        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), min(times)
+        return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
+                "tokens_per_s": tokens / seconds}
+
+    # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
+    # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
+    # beside it what the log-probs cost and what vLLM's default detokenization would add.
+    same = run(logprobs=0)
+    return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
+            "requests": len(requests), "max_gen_len": max(gen_lens)}
+
+
+def ceiling_train(spec: dict) -> dict:
+    """Plain PyTorch forward(+backward) over the step's sequences, packed by the actor's token budget."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    import rl_factory.models.varlen_attention  # noqa: F401 - registers rl_factory_varlen
+    from rl_factory.backends.verl.tuning import attention_implementation
+
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
+                                                 attn_implementation=attention_implementation()).cuda()
+    budget, lengths = spec["token_budget"], spec["lengths"]
+    batches, current = [], []
+    for n in lengths:
+        if current and sum(current) + n > budget:
+            batches.append(current)
+            current = []
+        current.append(n)
+    batches.append(current)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    packed = []
+    for batch in batches:
+        total = sum(batch)
+        ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=gen)
+        pos = torch.cat([torch.arange(n, device="cuda") for n in batch])[None]
+        packed.append((ids, pos))
+
+    def run(backward: bool) -> None:
+        for ids, pos in packed:
+            with torch.set_grad_enabled(backward):
+                logits = model(input_ids=ids, position_ids=pos).logits
+                loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
+            if backward:
+                loss.backward()
+        torch.cuda.synchronize()
+
+    out, tokens = {}, sum(lengths)
+    for name, backward in (("forward_backward", True), ("forward", False)):
+        model.train(backward)
+        run(backward)  # warm up
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run(backward)
+            times.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        seconds = statistics.median(times)
+        out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+    out["attn_implementation"] = attention_implementation()
+    return out
+
+
+def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
+    path = out_dir / f"ceiling-{name}.json"
+    proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    if proc.returncode != 0 or not path.exists():
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return json.loads(path.read_text())
+
+
+CEILINGS = {"vllm": ceiling_vllm, "train": ceiling_train}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", choices=sorted(CEILINGS))
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--result", required=True)
+    args = ap.parse_args()
+    Path(args.result).write_text(json.dumps(CEILINGS[args.name](json.loads(args.spec))))
