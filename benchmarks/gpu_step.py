@@ -144,6 +144,9 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         from benchmarks.verl_tool_agent import overrides
 
         out += overrides(args.max_turns)
+    if getattr(args, "fresh_caches", False):  # the workers' too, where Ray's do not inherit the driver's environment
+        out += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}"
+                for k, v in startup_variants.fresh_cache_env(run_dir).items()]
     return out + startup_variants.overrides(getattr(args, "startup_variant", "baseline")) + list(args.overrides)
 
 
@@ -172,6 +175,14 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         code = "timeout"
+        # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch
+        from benchmarks.two_gpu_checks import LEFTOVER_WAIT_S, _wait_gone, gpu_processes
+
+        for pid in _wait_gone(gpu_processes, LEFTOVER_WAIT_S):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     writer.join(timeout=10)
     wall = time.perf_counter() - t0
     metrics = run_dir / "metrics.jsonl"

@@ -35,7 +35,7 @@
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
 # estimators, losses and metrics logger through the verl.plugins entry point. Each verl job spends a few
-# minutes starting (Ray, FSDP, vLLM with CUDA graphs) before its first step.
+# minutes starting (Ray, FSDP, vLLM with CUDA graphs) before its first step: each run's startup.json says where.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
@@ -109,7 +109,8 @@ two_gpu_part() {
     *) echo "two_gpu: unknown part '$1' (one, tp1, tp2)" >&2; exit 2 ;;
   esac
 }
-STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-290}  # seconds per start-up launch: two fit one 10-minute call
+STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-270}  # seconds per start-up launch (two to a 10-minute call): a launch stopped
+                                         # before its first step still reports its startup.json so far
 startup_part() {  # one launch of a start-up variant; its line has the run's startup.json even if it never trained
   local caches=(--fresh-caches)
   [ "${STARTUP_CACHES:-fresh}" = shared ] && caches=()

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +78,10 @@ def overrides(name: str) -> list[str]:
 
 
 def fresh_cache_env(run_dir: Path) -> dict[str, str]:
-    """Empty compile caches of this launch's own (its driver's environment, which a local Ray's workers inherit)."""
-    return {var: str(run_dir / "caches" / var.lower()) for var in CACHE_VARS}
+    """Empty compile caches of this launch's own (its driver's environment, which a local Ray's workers inherit),
+    outside the run directory, which `gpu_suite.sh collect` archives."""
+    root = Path(tempfile.gettempdir()) / "gpu_step-caches" / run_dir.name
+    return {var: str(root / var.lower()) for var in CACHE_VARS}
 
 
 def compile_cache(env: dict[str, str]) -> str:

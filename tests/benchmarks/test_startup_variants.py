@@ -33,13 +33,16 @@ def test_the_combined_variants_are_their_parts():
 
 def test_fresh_caches_are_the_launchs_own_and_the_cache_state_is_read(tmp_path):
     args = gpu_step.parse_args(["--fresh-caches"])
-    env = gpu_step.launch_env(args, tmp_path / "run")
-    assert {env[v] for v in startup_variants.CACHE_VARS} == {
-        str(tmp_path / "run" / "caches" / v.lower()) for v in startup_variants.CACHE_VARS}
+    run = tmp_path / f"run-{tmp_path.name}"
+    env = gpu_step.launch_env(args, run)
+    caches = {Path(env[v]) for v in startup_variants.CACHE_VARS}
+    assert len(caches) == 3 and all(c.parent.name == run.name and tmp_path not in c.parents for c in caches)
+    assert not any(c.exists() for c in caches)  # empty: the launch compiles everything
     assert env["PYTHONPATH"].startswith(str(gpu_step.ROOT))
     assert startup_variants.compile_cache(env) == "cold"
-    (Path(env["VLLM_CACHE_ROOT"]) / "torch_compile_cache" / "abc").mkdir(parents=True)
-    assert startup_variants.compile_cache(env) == "warm"
+    own = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    (tmp_path / "vllm" / "torch_compile_cache" / "abc").mkdir(parents=True)
+    assert startup_variants.compile_cache(own) == "warm"
     shared = gpu_step.launch_env(gpu_step.parse_args([]), tmp_path / "run")  # the machine's caches
     assert shared.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
 
