@@ -134,7 +134,9 @@ def test_the_trainers_stages_are_marked_in_order_and_the_first_steps_line_comple
     assert out["phases"]["environment_checks"] == pytest.approx(6.0, abs=0.01)
     assert sum(out["phases"].values()) == pytest.approx(out["launch_to_first_step_s"], abs=0.01)
     assert out["launch_to_first_step_s"] == pytest.approx(out["before_training_s"] + out["first_step_s"], abs=0.01)
-    assert out["launch_to_first_step_s"] >= 9
+    assert out["launch_to_first_step_s"] >= 9 and out["launcher_s"] == pytest.approx(7.0, abs=0.01)
+    assert out["trainer_init_s"] == pytest.approx(out["marks"]["weights_synced"] - out["marks"]["trainer_constructed"],
+                                                  abs=0.01)
     assert trainer.calls == ["init_model", "sleep_replicas", "sleep_replicas", "sleep_replicas"]
     printed = [line for line in capsys.readouterr().out.splitlines() if "start-up" in line]
     assert len(printed) == 1 and re.match(r"\[rl_factory\] start-up: \d+ s to the first step's end; longest: ", printed[0])

@@ -124,14 +124,16 @@ def record(marks: dict[str, float], complete: bool = False, error: str | None = 
     phases = {EVENTS[b] or b: round(marks[b] - marks[a], 3) for a, b in zip(events, events[1:])}
     first = marks[events[0]] if events else None
 
-    def since_start(event: str) -> float | None:
-        return round(marks[event] - first, 3) if event in marks and first is not None else None
+    def between(start: str | None, end: str) -> float | None:
+        begun = first if start is None else marks.get(start)
+        return round(marks[end] - begun, 3) if end in marks and begun is not None else None
 
     out = {"complete": complete, "host": socket.gethostname(),
-           "launch_to_first_step_s": since_start("first_step_logged"),
-           "before_training_s": since_start("training_started"),
-           "first_step_s": (round(marks["first_step_logged"] - marks["training_started"], 3)
-                            if {"first_step_logged", "training_started"} <= set(marks) else None),
+           "launch_to_first_step_s": between(None, "first_step_logged"),
+           "before_training_s": between(None, "training_started"),
+           "first_step_s": between("training_started", "first_step_logged"),
+           # the launcher's own part, and verl's trainer.init() as a whole (worker groups to the first weight sync)
+           "launcher_s": between(None, "run_ppo_called"), "trainer_init_s": between("trainer_constructed", "weights_synced"),
            "phases": phases, "marks": {k: round(v, 3) for k, v in marks.items()}}
     if error:
         out["error"] = error
