@@ -21,12 +21,16 @@ GPU, on the same model and the same token counts:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
 
-Prints one JSON line: per phase the median seconds over steps 2..K (step 1 compiles and captures graphs;
+Prints one JSON line: where the launch's time went before its first step (`startup`: the run's startup.json,
+rl_factory/backends/verl/startup.py; also printed when the job ends before its first step), per phase the
+median seconds over steps 2..K (step 1 compiles and captures graphs;
 `--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
 `--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
 the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
-`--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
+`--startup-variant NAME` launches the job with one start-up variant's verl keys (benchmarks/startup_variants.py;
+`--fresh-caches`: with empty compile caches, as a first launch on a machine). The ceilings run in
+benchmarks/ceilings.py. `--cfg-job` only composes the command it would launch (`main_grpo.sh ... --cfg job`, a shape as a
 config-only directory) and prints the tuned settings: the CPU check of a GPU command.
 `--shape`: qwen3-0.6b / qwen3-4b are Qwen3's layer shapes with the builtin tokenizer's small vocabulary
 (so qwen3-0.6b has 0.44B parameters, as in the baseline the README compares against; qwen3-4b keeps
@@ -47,6 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import startup_variants  # noqa: E402
+from benchmarks.ceilings import measure_ceiling  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
@@ -141,7 +147,16 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         from benchmarks.verl_tool_agent import overrides
 
         out += overrides(args.max_turns)
-    return out + list(args.overrides)
+    if getattr(args, "fresh_caches", False):  # the workers' too, where Ray's do not inherit the driver's environment
+        out += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}"
+                for k, v in startup_variants.fresh_cache_env(run_dir).items()]
+    return out + startup_variants.overrides(getattr(args, "startup_variant", "baseline")) + list(args.overrides)
+
+
+def launch_env(args: argparse.Namespace, run_dir: Path) -> dict[str, str]:
+    """The job's environment: our checkout first on PYTHONPATH; with --fresh-caches, compile caches of its own."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    return {**env, **startup_variants.fresh_cache_env(run_dir)} if getattr(args, "fresh_caches", False) else env
 
 
 def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list[dict], float, dict | None]:
@@ -154,7 +169,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
 
     from benchmarks.gpu_memory import DevicePeak
 
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    env = launch_env(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
@@ -170,13 +185,24 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = "timeout"
+            # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch
+            from benchmarks.two_gpu_checks import LEFTOVER_WAIT_S, _wait_gone, gpu_processes
+
+            for pid in _wait_gone(gpu_processes, LEFTOVER_WAIT_S):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     writer.join(timeout=10)
     wall = time.perf_counter() - t0
     metrics = run_dir / "metrics.jsonl"
     lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     if code != 0:
         print(f"gpu_step: the verl run ended with {code} after {wall:.0f} s; log: {log}", file=sys.stderr)
-        if not [m for m in lines if m["step"] >= 1]:
+        if not [m for m in lines if m["step"] >= 1]:  # still one line: where its start-up was when it ended
+            print(json.dumps({"bench": "gpu_step", "exit_code": code, "job_wall_s": round(wall, 1),
+                              "startup_variant": getattr(args, "startup_variant", "baseline"),
+                              "startup": startup_variants.startup_record(run_dir), "log": str(log)}))
             sys.exit(log.read_text()[-4000:])
     return [m for m in lines if m["step"] >= 1], wall, device.result()
 
@@ -230,17 +256,6 @@ def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     return {"prompt": prompts, "generated": generated, "total": totals, "turns": turns}
 
 
-# ---- ceilings (each in its own process: benchmarks/gpu_ceilings.py NAME SPEC RESULT) ---------------------
-
-def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
-    path = out_dir / f"ceiling-{name}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_ceilings.py"), name, json.dumps(spec), str(path)],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
-    if proc.returncode != 0 or not path.exists():
-        return {"error": (proc.stderr or proc.stdout)[-1500:]}
-    return json.loads(path.read_text())
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group()
@@ -264,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prepare", action="store_true",
                     help="only build the model (the shape or the builtin one) and exit: the jobs after it start warm")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before the verl job is stopped")
+    ap.add_argument("--startup-variant", default="baseline", choices=sorted(startup_variants.VARIANTS),
+                    help="the job with one start-up variant's verl keys (benchmarks/startup_variants.py)")
+    ap.add_argument("--fresh-caches", action="store_true",
+                    help="empty vLLM / Inductor / Triton compile caches for this launch: a first launch's start-up")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
     ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
     return ap
@@ -297,7 +316,8 @@ def cfg_job(args: argparse.Namespace, out: Path) -> dict:
     proc = subprocess.run(["bash", str(ROOT / "main_grpo.sh"), *overrides, "--cfg", "job"], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
     result = {"bench": "gpu_step_cfg_job", "shape": args.shape, "gpus": args.gpus, "tp": args.tp, "batch": args.batch,
-              "exit_code": proc.returncode, "command": ["bash", "main_grpo.sh", *overrides]}
+              "startup_variant": args.startup_variant, "exit_code": proc.returncode,
+              "command": ["bash", "main_grpo.sh", *overrides]}
     if proc.returncode != 0:
         return {**result, "error": proc.stderr[-1500:]}
     cfg = yaml.safe_load(proc.stdout)
@@ -321,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     tag += f"-{args.gpus}gpu-tp{args.tp}" if args.gpus > 1 or args.tp > 1 else ""
     run_dir = out / f"run-{tag}-{time.strftime('%H%M%S')}"
     launched = time.time()
+    cache = "fresh" if args.fresh_caches else startup_variants.compile_cache(launch_env(args, run_dir))
     lines, wall, device = run_verl(args, model, run_dir)
     until = args.measure_until or args.steps
     numbers = step_numbers(lines, until)
@@ -364,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"],
                       "device_peak_used": (device or {}).get("peak_used_gb"), "device_total": (device or {}).get("total_gb")},
         "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
+        # where the launch's time went before its first step (the run's startup.json, written by our launcher and
+        # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
+        "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
     }
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup
     if (args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank and args.gpus == 1

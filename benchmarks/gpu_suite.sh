@@ -7,6 +7,10 @@
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
+#   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
+#                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:
+#                                            # the machine's); the line's `startup` says where each launch's time
+#                                            # went before its first step (benchmarks/startup_variants.py lists them)
 #   bash benchmarks/gpu_suite.sh learn       # the default job on verl, three seeds + LoRA (run together)
 #   bash benchmarks/gpu_suite.sh learn_one seed0|seed1|seed2|lora  # one of them alone
 #   bash benchmarks/gpu_suite.sh merge_eval  # learn's seed-0 verl checkpoint -> model merger -> main_eval.sh
@@ -32,13 +36,13 @@
 #                                            # again: groups once each, servers per worker and none left, resume
 #   bash benchmarks/gpu_suite.sh two_gpu_arena   # (the same without the kill: one launch)
 #   bash benchmarks/gpu_suite.sh two_gpu_resume  # (the default grpo job: kill after the first checkpoint, restart)
-#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, every two_gpu* and ours_shape command composed with
-#                                            # --cfg job, and trl_shape's job printed (vs_trl.py --dry-run)
+#   bash benchmarks/gpu_suite.sh check       # CPU: bash -n, every two_gpu*, ours_shape command and start-up variant
+#                                            # composed with --cfg job, and trl_shape's job printed (vs_trl.py --dry-run)
 #   bash benchmarks/gpu_suite.sh collect DIR # results + logs (no weights) into DIR/gpu_suite.tgz
 # Results append to $RESULTS (default outputs/gpu_suite/results.jsonl); each job's log is under outputs/.
 # Needs the verl backend installed as a package (bash setup.sh --verl): verl's Ray workers load our
 # estimators, losses and metrics logger through the verl.plugins entry point. Each verl job spends a few
-# minutes starting (Ray, FSDP, vLLM with CUDA graphs) before its first step.
+# minutes starting (Ray, FSDP, vLLM with CUDA graphs) before its first step: each run's startup.json says where.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
@@ -143,6 +147,14 @@ trl_shape() {  # size: TRL on that job and those weights, trl on this command's 
   [ $code = 0 ] || { tail -20 "$name.log"; tail -40 "$name/trl/worker.log" 2>/dev/null; }
   return $code
 }
+STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-270}  # seconds per start-up launch (two to a 10-minute call): a launch stopped
+                                         # before its first step still reports its startup.json so far
+startup_part() {  # one launch of a start-up variant; its line has the run's startup.json even if it never trained
+  local caches=(--fresh-caches)
+  [ "${STARTUP_CACHES:-fresh}" = shared ] && caches=()
+  run_line $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 2 --no-ceilings --timeout "$STARTUP_TIMEOUT" \
+      --out outputs/gpu_suite --startup-variant "$1" "${caches[@]}"
+}
 two_gpu_job() {  # name, two_gpu_checks.py options
   local name=$1; shift
   run_line $PY benchmarks/two_gpu_checks.py --gpus 2 --timeout 520 --out "outputs/gpu_suite/$name" "$@"
@@ -165,8 +177,16 @@ case "${1:-}" in
     two_gpu_job check_checks --advantage arena --kill-after-checkpoint
     two_gpu_job check_resume --advantage grpo --kill-after-checkpoint
     for size in 0.6b 4b; do ours_shape $size; trl_shape $size; done
-    [ "$FAILED" = 0 ] && echo "check: every two_gpu and shape command composes" || echo "check: FAILED" >&2
+    for variant in $($PY -c "from benchmarks.startup_variants import VARIANTS; print(*VARIANTS)"); do
+      startup_part "$variant"
+    done
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape and start-up variant command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
+  startup)
+    shift
+    variants=("$@")
+    [ ${#variants[@]} -eq 0 ] && variants=(baseline fast)
+    for variant in "${variants[@]}"; do startup_part "$variant"; done ;;
   step)  # with py-spy installed, two more steps run under it (benchmarks/pyspy_watch.py); medians stay steps 2-5
     if command -v py-spy >/dev/null; then
       $PY benchmarks/pyspy_watch.py --runs outputs/gpu_suite --after-step 5 --seconds 10 --out outputs/gpu_suite/pyspy \

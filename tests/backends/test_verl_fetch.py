@@ -213,9 +213,11 @@ def test_narrow_fetch_takes_the_modes_place_once(registry):
         fetch.use_narrow_fetch("no_such_mode")
 
 
-def test_launcher_picks_the_task_runner_from_worker_fetch(ray_cluster, verl_setup):
+def test_launcher_picks_the_task_runner_from_worker_fetch(ray_cluster, verl_setup, registry):
     from verl.trainer.main_ppo import TaskRunnerV1
+    from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
+    from rl_factory.backends.verl import runner, startup, trained
     from rl_factory.backends.verl.launcher import task_runner_class
 
     cfg, _ = verl_setup()
@@ -223,17 +225,26 @@ def test_launcher_picks_the_task_runner_from_worker_fetch(ray_cluster, verl_setu
     ours = task_runner_class(cfg, TaskRunnerV1)
     base = TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
     assert issubclass(ours.__ray_metadata__.modified_class.__ray_actor_class__, base)
-    # as a Ray actor (as run_ppo starts it): its run installs NarrowFetch for the mode, then runs verl's own run
-    runner = ours.remote()
+    # as a Ray actor (as run_ppo starts it): its run installs our trainer classes for the mode, then runs verl's run
+    actor = ours.remote()
     with pytest.raises(ray.exceptions.RayTaskError, match="Unknown trainer 'nope'"):
-        ray.get(runner.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "nope"}}})))
+        ray.get(actor.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "nope"}}})))
     with pytest.raises(ray.exceptions.RayTaskError, match="Missing key transfer_queue"):  # verl's run, past ours
-        ray.get(runner.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}})))
-    ray.kill(runner)
-    OmegaConf.update(cfg, "worker_fetch", "all")  # the run guard still reads the update's batch (trained.py)
-    assert task_runner_class(cfg, TaskRunnerV1) is not TaskRunnerV1
-    OmegaConf.update(cfg, "rl_factory.trainer.guard.tokens.action", "off")
-    assert task_runner_class(cfg, TaskRunnerV1) is TaskRunnerV1
+        ray.get(actor.run.remote(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}})))
+    ray.kill(actor)
+    # in this process: `worker_fetch: all` keeps verl's fetch, and start-up is marked either way
+    narrow = runner.use_trainer("sync", narrow_fetch=True)
+    assert get_trainer_cls("sync") is narrow and issubclass(narrow, fetch.NarrowFetch)
+    assert narrow.__mro__[1] is startup.StartupTrainer and runner.use_trainer("sync", True) is narrow
+    registry["sync"] = PPOTrainerSync
+    plain = runner.use_trainer("sync", narrow_fetch=False)
+    assert issubclass(plain, startup.StartupTrainer) and not issubclass(plain, fetch.NarrowFetch)
+    OmegaConf.update(cfg, "worker_fetch", "all")
+    assert issubclass(task_runner_class(cfg, TaskRunnerV1).__ray_metadata__.modified_class.__ray_actor_class__, base)
+    # the run guard reads the update's batch (trained.py) unless its tokens check is off
+    guarded = runner.use_trainer("sync", narrow_fetch=False, guard_batch=True)
+    assert issubclass(guarded, trained.TrainedBatch) and issubclass(guarded, startup.StartupTrainer)
+    registry["sync"] = PPOTrainerSync
     OmegaConf.update(cfg, "worker_fetch", "some")
     with pytest.raises(ConfigError, match="worker_fetch='some'"):
         task_runner_class(cfg, TaskRunnerV1)

@@ -40,8 +40,12 @@ BAD = [
      "unknown verl key actor_rollout_ref.rollout.gpu_memory_utilisation (did you mean "
      "actor_rollout_ref.rollout.gpu_memory_utilization?)"),
     # a `+` key under a node verl reads key by key, that no line of verl reads: silently ignored by verl
+    (["+ray_kwargs.timeline_json_fil=t.json"],
+     "unknown verl key ray_kwargs.timeline_json_fil (did you mean ray_kwargs.timeline_json_file?): verl never reads it"),
+    # a `+` key under the node verl passes to ray.init: a parameter ray.init lacks
     (["+ray_kwargs.ray_init.num_cpu=4"],
-     "unknown verl key ray_kwargs.ray_init.num_cpu (did you mean ray_kwargs.ray_init.num_cpus?): verl never reads it"),
+     "unknown verl key ray_kwargs.ray_init.num_cpu (did you mean ray_kwargs.ray_init.num_cpus?): ray.init has no "
+     "such parameter"),
     # verl's validate_config: sampled validation at temperature 0, from our own keys
     (["rollout.temperature=0", "rollout.val_temperature=0.5"],
      "verl rejects actor_rollout_ref.rollout.temperature (rollout.temperature)"),
@@ -81,6 +85,7 @@ def test_cfg_job_and_the_doctor_name_the_key_verl_would_refuse(overrides, line, 
     ["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
     # keys verl reads that its YAML does not list: free-form nodes, a ray.init argument
     ["+actor_rollout_ref.model.override_config.rope_theta=10000", "+ray_kwargs.ray_init.address=auto",
+     "+ray_kwargs.ray_init.include_dashboard=false",
      "+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_chunked_prefill=true"],
 ], ids=["default", "gae", "reference", "tp2", "free-form"])
 def test_a_valid_config_passes_both_and_cfg_job_prints_only_the_config(overrides, tmp_path, capsys):

@@ -15,4 +15,6 @@ Nothing outside this package imports verl or ray. The pieces and how each reache
 - `config`      composes verl's `ppo_trainer` config with ours (`configs/verl.yaml`) and maps our keys.
 - `data`        converts our JSONL/Parquet rows to the Parquet layout verl's RLHFDataset reads.
 - `launcher`    `bash main_grpo.sh trainer.backend=verl ...`: compose, convert, run verl's trainer.
+- `runner`      our TaskRunner in front of verl's: wraps the trainer class in its process (`startup`, `fetch`).
+- `startup`     where a launch's time goes before its first step: `<output_dir>/startup.json`.
 """

@@ -20,10 +20,9 @@ field, and the update 1.19 against 1.55 s. On CPU, the whole old-log-prob call b
 (`benchmarks/old_log_prob_call.py`, medians of 10): 235 ms with every field, 160 with UNREAD, 153 with
 FORWARD_UNREAD too. Its old-log-prob pass also puts back the old log-probs alone (`old_log_prob_pass`):
 H200, 2026-12-04, same job, 0.470 s before, 0.453 and 0.435 s after (0.51 and 0.52 of the forward ceiling).
-It takes the mode's place in verl's trainer registry inside our TaskRunner only (`task_runner`): the mode's
+It takes the mode's place in verl's trainer registry inside our TaskRunner only (runner.py): the mode's
 name stays, because verl's trainer branches on it (`self.trainer_mode != "sync"`, the replay buffer's class).
-`worker_fetch: all` in configs/verl.yaml keeps verl's own fetch (and verl's own TaskRunner, unless the run guard
-reads the update's batch: trained.py).
+`worker_fetch: all` in configs/verl.yaml keeps verl's own fetch.
 """
 from __future__ import annotations
 
@@ -170,27 +169,3 @@ def use_narrow_fetch(trainer_mode: str) -> type:
     trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
     return cls
 
-
-def task_runner(base: Any, narrow: bool = True, guard_batch: bool = False) -> Any:
-    """verl's TaskRunner actor class `base` (TaskRunnerV1), whose run first puts our trainer in front of verl's for its
-    mode: NarrowFetch (`narrow`), and the run guard's read of the update's batch (`guard_batch`, trained.py).
-
-    `base` is a Ray actor class; Ray keeps the Python class it wraps on its modified class. The registry
-    is changed in the TaskRunner's own process, the one that looks the trainer up.
-    """
-    import ray
-
-    wrapped = base.__ray_metadata__.modified_class.__ray_actor_class__
-
-    class RLFactoryTaskRunner(wrapped):
-        def run(self, config):
-            mode = config.trainer.v1.trainer_mode
-            if narrow:
-                use_narrow_fetch(mode)
-            if guard_batch:
-                from rl_factory.backends.verl.trained import use_trained_batch
-
-                use_trained_batch(mode)
-            return super().run(config)
-
-    return ray.remote(RLFactoryTaskRunner)

@@ -9,7 +9,8 @@ and later in its workers (validate.py: `--cfg job` and `--doctor` run the same c
 the config after them, before any file is written or Ray starts); only then is anything written: our data in
 verl's Parquet layout in `<output_dir>/verl_data/`, and after the GPU and install checks `config.yaml` and
 `run.json`; then `verl.trainer.main_ppo.run_ppo` with verl's `TaskRunnerV1` (ours in front of it:
-fetch.py, trained.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains.
+runner.py, with fetch.py and trained.py) starts Ray (or joins the cluster named by RAY_ADDRESS) and trains. Each of
+these steps, and verl's own until the first step's metrics line, is marked in `<output_dir>/startup.json` (startup.py).
 
 Our config is parsed once here (`rl_factory.config.parse`) and the steps get its slices. Paths in it are
 made absolute: Ray workers do not share the driver's working directory, and on several nodes the output
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
+from rl_factory.backends.verl import startup
 from rl_factory.backends.verl.validate import check_verl_config
 from rl_factory.config import ConfigError, RunConfig, check_training, parse, printable, redacted, worker_config
 
@@ -112,7 +114,9 @@ def model_path(ours: RunConfig, build: bool) -> str:
 def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_only: str | None = None) -> dict[str, Any]:
     """Run (or with `print_only` = "job" / "resolve", check and print) the verl training job for our config (a
     composed one is parsed here, once)."""
+    clock = startup.launcher_clock()
     _import_verl()
+    clock.mark("verl_imported")
     ours = ours if isinstance(ours, RunConfig) else parse(ours)
     check_plugin(ours.algorithm.advantage, ours.algorithm.policy_loss)
     check_training(ours)  # the table with our keys, before a builtin model is built; with verl's after composing
@@ -125,7 +129,7 @@ def train(ours: RunConfig | DictConfig, raw_overrides: list[str] = (), print_onl
         check_verl_config(cfg)  # what verl would refuse, on the driver or minutes later in a worker
         print(printable(cfg, resolve=print_only == "resolve"))
         return {}
-    return run(cfg, run_dir)
+    return run(cfg, run_dir, clock)
 
 
 def checked_config(ours: RunConfig, raw_overrides: list[str] = ()) -> DictConfig:
@@ -246,12 +250,12 @@ def check_trl() -> None:
 
 
 def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
-    """Ours, whose trainer fetches only what the workers read (fetch.py) and hands the run guard the batch the actor
-    trains (trained.py); verl's own TaskRunner when neither is wanted (`worker_fetch: all`, the tokens check off)."""
-    from rl_factory.backends.verl import fetch, trained
+    """Our TaskRunner in front of verl's (runner.py): it marks start-up; with `worker_fetch: needed` its trainer
+    fetches only what the workers read (fetch.py), and with the run guard's tokens check on it hands the guard the
+    batch the actor trains (trained.py)."""
+    from rl_factory.backends.verl import fetch, runner, trained
 
-    narrow, guard_batch = fetch.mode(cfg) == "needed", trained.wanted(cfg)
-    return fetch.task_runner(verls, narrow, guard_batch) if narrow or guard_batch else verls
+    return runner.task_runner(verls, narrow_fetch=fetch.mode(cfg) == "needed", guard_batch=trained.wanted(cfg))
 
 
 def guard_stop(exc: BaseException):
@@ -270,26 +274,27 @@ def guard_stop(exc: BaseException):
     return GuardStop(text[text.find("guard:"):] if "guard:" in text else text)
 
 
-def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: Any = None, clock: startup.Clock | None = None) -> dict[str, Any]:
     """verl's checks (check_verl_config), then the first writes (data, config.yaml, `run_dir`'s run.json),
     then its trainer (mirrors verl.trainer.main_ppo.main)."""
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
 
+    clock = clock or startup.launcher_clock()
     auto_set_device(cfg)
     check_verl_config(cfg)  # validate_config and what verl's workers would refuse (validate.py)
+    clock.mark("config_checked")
     out_dir = Path(cfg.rl_factory.trainer.output_dir)
     write_data(cfg.rl_factory, out_dir)
+    clock.mark("data_written")
     check_gpus(cfg)
     check_rollout_engine(cfg)
     check_trl()
-    runner = task_runner_class(cfg, TaskRunnerV1)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     if run_dir is not None:
         run_dir.record()  # run.json: whose directory this is, for the next run's claim
     log.info("verl backend: run directory %s", out_dir)
     try:
-        run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config
+        start(cfg, clock)
     except Exception as exc:  # the run guard stopped the TaskRunner: its line, exit code 3 (not a traceback)
         stop = guard_stop(exc)
         if stop is None:
@@ -299,3 +304,13 @@ def run(cfg: DictConfig, run_dir: Any = None) -> dict[str, Any]:
 
     RunDir(out_dir).write_report(bool(cfg.rl_factory.trainer.report))  # the final one, from the finished files
     return {"output_dir": str(out_dir)}
+
+
+def start(cfg: DictConfig, clock: startup.Clock) -> None:
+    """verl's run_ppo with our TaskRunner, which gets the launcher's start-up marks (startup.StampedRunner)."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    clock.path = Path(cfg.rl_factory.trainer.output_dir) / startup.FILE
+    runner = startup.StampedRunner(task_runner_class(cfg, TaskRunnerV1), clock)
+    clock.mark("run_ppo_called")
+    run_ppo(worker_config(cfg), task_runner_class=runner)  # its TaskRunner prints the config

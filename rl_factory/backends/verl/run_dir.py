@@ -15,7 +15,8 @@ comparisons and users' scripts read those. On verl the pieces of a step live in 
   backend's own `summarize_records`, maps verl's timing names onto ours, and appends one line to
   `metrics.jsonl`: our names plus every verl metric under its own name. After a validation step it
   rewrites `report.html` (rl_factory/report), as the embedded trainer does. The run guard checks the step
-  there too (rl_factory/guard/lines.py), on the evidence the agent loop put in each rollouts line.
+  there too (rl_factory/guard/lines.py), on the evidence the agent loop put in each rollouts line. The first
+  training step's line completes the start-up record, `startup.json` (startup.py).
 
 A resumed run (verl restored checkpoint k) keeps each step one line, as the embedded backend does.
 verl saves step k's checkpoint *before* it validates and logs step k, and (with val_before_train)
@@ -36,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rl_factory.backends.verl import startup
 from rl_factory.jsonl import WRITE_ERRORS, dumps, read_records
 
 PARTS_DIR = Path("rollouts") / ".parts"
@@ -154,6 +156,7 @@ class RunDirLogger:
             self._recover(self.resume - 1)
 
     def log(self, data: dict[str, Any], step: int) -> None:
+        startup.step_logged(data)  # the first training step's line ends the start-up record (startup.json)
         self._train = []
         line = {**self._ours(data, step)}
         line.update({k: v for k, v in data.items() if k not in line})

@@ -42,6 +42,8 @@ log = logging.getLogger("rl_factory.verl")
 CONVERTED = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
              "actor_rollout_ref.model", "critic", "distillation")
 # verl's messages that name no full key -> the keys they are about.
+# nodes verl passes as keyword arguments to a function: their keys are its parameters (run_ppo: ray.init(**ray_init))
+KWARGS_OF = {"ray_kwargs.ray_init": "ray.init"}
 MESSAGE_KEYS = (
     ("real_train_batch_size", "data.train_batch_size x actor_rollout_ref.rollout.n (rollout.n) over "
                               "trainer.n_gpus_per_node x trainer.nnodes"),
@@ -81,14 +83,15 @@ def check_keys(cfg: DictConfig) -> None:
     or at least a name verl's code reads; else the first one found is named with the closest known key."""
     for path, parent in _added(cfg, _schema(), ""):
         where, _, leaf = path.rpartition(".")
-        target = parent.get("_target_") if _converted(where) else None
-        fields = _fields(target) if target else None
+        target = parent.get("_target_") if _converted(where) else KWARGS_OF.get(where)
+        fields = (_parameters(target) if where in KWARGS_OF else _fields(target)) if target else None
         if fields is not None and leaf in fields or fields is None and leaf in _verl_names():
             continue
         known = sorted({str(k) for k in parent.keys() if not str(k).startswith("_")} | (fields or set()))
         close = difflib.get_close_matches(leaf, known, n=1)
         hint = f" (did you mean {where + '.' if where else ''}{close[0]}?)" if close else ""
-        why = (f"verl's {target.rsplit('.', 1)[-1]} has no such field, and its Ray workers would fail on it "
+        why = (f"{target} has no such parameter: verl passes {where} to it" if where in KWARGS_OF else
+               f"verl's {target.rsplit('.', 1)[-1]} has no such field, and its Ray workers would fail on it "
                "minutes into the run" if fields is not None else "verl never reads it: it would be ignored")
         raise ConfigError(f"unknown verl key {path}{hint}: {why}")
 
@@ -120,6 +123,16 @@ def _schema() -> DictConfig:
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name="verl")
+
+
+@lru_cache(maxsize=None)
+def _parameters(function: str) -> set[str]:
+    """The keyword parameters of `function` ("module.name")."""
+    import importlib
+    import inspect
+
+    module, _, name = function.rpartition(".")
+    return set(inspect.signature(getattr(importlib.import_module(module), name)).parameters) - {"kwargs"}
 
 
 @lru_cache(maxsize=None)

@@ -1,21 +1,23 @@
-"""The ceilings benchmarks/gpu_step.py measures beside a verl step, each in a process of its own on the same GPU.
+"""The ceilings gpu_step.py sets a verl step's phases beside, each measured in a fresh process on the same GPU.
 
-    python benchmarks/gpu_ceilings.py vllm|train SPEC_JSON RESULT_PATH   (gpu_step.measure_ceiling runs it)
+    python benchmarks/ceilings.py vllm|train --spec JSON --result PATH     # (gpu_step.py runs these itself)
 
-`vllm`: vLLM alone on the step's requests; `train`: plain PyTorch forward(+backward) over the step's
-sequences. What each measures and why: gpu_step.py's docstring and the functions below.
+`vllm`: vLLM alone (offline `LLM.generate`) on the step's requests; `train`: plain PyTorch forward(+backward) over
+the step's sequences, packed by the actor's token budget (gpu_step.py's docstring says what each matches).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 
 def ceiling_vllm(spec: dict) -> dict:
     """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
@@ -111,8 +113,21 @@ def ceiling_train(spec: dict) -> dict:
     return out
 
 
+def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
+    path = out_dir / f"ceiling-{name}.json"
+    proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    if proc.returncode != 0 or not path.exists():
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return json.loads(path.read_text())
+
+
 CEILINGS = {"vllm": ceiling_vllm, "train": ceiling_train}
 
 if __name__ == "__main__":
-    name, spec, result = sys.argv[1:4]
-    Path(result).write_text(json.dumps(CEILINGS[name](json.loads(spec))))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", choices=sorted(CEILINGS))
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--result", required=True)
+    args = ap.parse_args()
+    Path(args.result).write_text(json.dumps(CEILINGS[args.name](json.loads(args.spec))))

@@ -1,0 +1,124 @@
+"""Start-up variants of a verl launch: the settings that shorten a phase of `startup.json`, one launch each.
+
+    python benchmarks/startup_variants.py                    # the variants: overrides, the phases they cut, the cost
+    python benchmarks/startup_variants.py --cfg-job          # compose each with the 0.6B shape (main_grpo.sh --cfg job)
+    bash benchmarks/gpu_suite.sh startup [VARIANT ...]       # on the GPU: gpu_step.py --startup-variant NAME, each
+
+Every verl run writes `<output_dir>/startup.json` (rl_factory/backends/verl/startup.py: phase -> seconds from
+the process's start to the first step's metrics line); gpu_step.py copies it into its JSON line. A variant is
+the 0.6B job of `gpu_suite.sh step` with a few verl keys changed. Which phase each one shortens is what the
+record shows; what it costs beyond start-up (slower steps, GPU memory) is in the same line's step phases.
+
+What start-up spends that no setting cuts: Python imports in every process (the launcher, the TaskRunner,
+each FSDP, vLLM, agent-loop and reward worker), FSDP's process group, loading the tokenizer. vLLM's
+torch.compile output is cached (`$VLLM_CACHE_ROOT/torch_compile_cache`, `~/.cache/vllm`), so a second launch
+of the same shape on the same machine compiles nothing: `--fresh-caches` (gpu_step.py) gives each launch its own
+empty vLLM, Inductor and Triton caches, so that variants launched one after another compare as first launches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Variant:
+    overrides: tuple[str, ...]
+    phases: str  # the startup.json phases it shortens
+    cost: str  # what it changes beyond start-up
+
+
+VARIANTS = {
+    "baseline": Variant((), "-", "gpu_suite.sh step's job as it is"),
+    # verl passes enforce_eager to vLLM, which then neither compiles (torch.compile, Inductor) nor captures
+    # CUDA graphs
+    "eager": Variant(("actor_rollout_ref.rollout.enforce_eager=true",), "rollout_servers",
+                     "decode runs without CUDA graphs: a slower generate phase every step"),
+    # verl's default keeps vLLM asleep between rollouts (weights and KV cache released for the trainer): the
+    # replicas sleep before the checkpoint load and wake for the first weight sync
+    "awake": Variant(("actor_rollout_ref.rollout.free_cache_engine=false",), "rollout_sleep, weight_sync",
+                     "vLLM's weights and KV cache stay on the GPU beside the trainer's state (fine for small models)"),
+    "no_dashboard": Variant(("+ray_kwargs.ray_init.include_dashboard=false",), "ray_init",
+                            "no Ray dashboard (http://127.0.0.1:8265) for the run"),
+    # verl starts agent.num_workers agent-loop workers (8) and reward.num_workers reward workers, each a process
+    # that imports verl and (ours) starts its own tool servers
+    "few_workers": Variant(("actor_rollout_ref.rollout.agent.num_workers=2", "reward.num_workers=2"),
+                           "agent_loop_manager, reward_workers",
+                           "fewer processes run the agent loops and rewards: a step's tool calls and scoring "
+                           "share fewer cores"),
+    "offload": Variant(("actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"), "actor_init",
+                       "parameters and optimizer state on the CPU between uses: slower updates"),
+    # configs/verl.yaml validates before training (verl's default); gpu_suite.sh step's job does not
+    "validate_first": Variant(("trainer.val_before_train=true",),
+                              "validation (added)", "what a validation before step 1 adds (the default for users)"),
+}
+# every setting above that changes nothing a step computes, together
+VARIANTS["fast"] = Variant(VARIANTS["awake"].overrides + VARIANTS["no_dashboard"].overrides
+                           + VARIANTS["few_workers"].overrides,
+                           "rollout_sleep, weight_sync, ray_init, agent_loop_manager, reward_workers",
+                           "awake + no_dashboard + few_workers")
+VARIANTS["fast_eager"] = Variant(VARIANTS["fast"].overrides + VARIANTS["eager"].overrides,
+                                 VARIANTS["fast"].phases + ", rollout_servers", "fast + eager")
+CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def overrides(name: str) -> list[str]:
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown start-up variant {name!r} (known: {', '.join(VARIANTS)})")
+    return list(VARIANTS[name].overrides)
+
+
+def fresh_cache_env(run_dir: Path) -> dict[str, str]:
+    """Empty compile caches of this launch's own (its driver's environment, which a local Ray's workers inherit),
+    outside the run directory, which `gpu_suite.sh collect` archives."""
+    root = Path(tempfile.gettempdir()) / "gpu_step-caches" / run_dir.name
+    return {var: str(root / var.lower()) for var in CACHE_VARS}
+
+
+def compile_cache(env: dict[str, str]) -> str:
+    """`warm` where vLLM's torch.compile cache already holds something, else `cold`."""
+    root = Path(env.get("VLLM_CACHE_ROOT") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm")
+    cache = root / "torch_compile_cache"
+    return "warm" if cache.is_dir() and any(cache.iterdir()) else "cold"
+
+
+def startup_record(run_dir: Path) -> dict | None:
+    """The launch's startup.json (None if the launch never reached our TaskRunner's first mark)."""
+    path = run_dir / "startup.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The variants, one line each (with --cfg-job: whether each composes with the 0.6B shape)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cfg-job", action="store_true", help="compose each variant's command (no GPU, no Ray)")
+    ap.add_argument("variants", nargs="*", default=list(VARIANTS))
+    args = ap.parse_args(argv)
+    failed = 0
+    for name in args.variants:
+        variant = VARIANTS.get(name) or sys.exit(f"unknown start-up variant {name!r} (known: {', '.join(VARIANTS)})")
+        status = ""
+        if args.cfg_job:
+            proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--shape", "qwen3-0.6b",
+                                   "--steps", "2", "--cfg-job", "--startup-variant", name], cwd=ROOT,
+                                  capture_output=True, text=True, env=dict(os.environ))
+            failed |= proc.returncode != 0
+            status = "composes; " if proc.returncode == 0 else f"FAILS to compose: {(proc.stderr or proc.stdout)[-1500:]}\n  "
+        print(f"{name}: {status}{' '.join(variant.overrides) or '(as it is)'}\n  shortens: {variant.phases}; "
+              f"costs: {variant.cost}")
+    return int(failed)
+
+if __name__ == "__main__":
+    sys.exit(main())

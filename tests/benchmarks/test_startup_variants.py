@@ -1,0 +1,61 @@
+"""benchmarks/startup_variants.py and gpu_step.py's start-up record: what the GPU run of `gpu_suite.sh startup`
+launches and reports, checked on CPU (composing each variant through `--cfg job` is `gpu_suite.sh check`'s)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_step, startup_variants
+from benchmarks.startup_variants import VARIANTS
+
+
+def test_a_variants_keys_come_last_and_win():
+    args = gpu_step.parse_args(["--shape", "qwen3-0.6b", "--startup-variant", "validate_first", "optim.lr=2e-6"])
+    out = gpu_step.verl_overrides(args, Path("/m"), Path("/run"))
+    assert out.index("trainer.val_before_train=false") < out.index("trainer.val_before_train=true")
+    assert out[-1] == "optim.lr=2e-6"  # the command line's own overrides after the variant's
+    assert gpu_step.verl_overrides(gpu_step.parse_args([]), Path("/m"), Path("/run")) == [
+        o for o in out if o not in ("trainer.val_before_train=true", "optim.lr=2e-6")]
+    with pytest.raises(SystemExit):
+        gpu_step.parse_args(["--startup-variant", "nope"])
+
+
+def test_the_combined_variants_are_their_parts():
+    assert set(VARIANTS["fast"].overrides) == {*VARIANTS["awake"].overrides, *VARIANTS["no_dashboard"].overrides,
+                                               *VARIANTS["few_workers"].overrides}
+    assert set(VARIANTS["fast_eager"].overrides) == {*VARIANTS["fast"].overrides, *VARIANTS["eager"].overrides}
+    phases = {p.strip().removesuffix(" (added)") for v in VARIANTS.values() for p in v.phases.split(",")} - {"-"}
+    from rl_factory.backends.verl.startup import EVENTS
+
+    assert phases <= set(EVENTS.values())  # each names phases startup.json has
+
+
+def test_fresh_caches_are_the_launchs_own_and_the_cache_state_is_read(tmp_path):
+    args = gpu_step.parse_args(["--fresh-caches"])
+    run = tmp_path / f"run-{tmp_path.name}"
+    env = gpu_step.launch_env(args, run)
+    caches = {Path(env[v]) for v in startup_variants.CACHE_VARS}
+    assert len(caches) == 3 and all(c.parent.name == run.name and tmp_path not in c.parents for c in caches)
+    assert not any(c.exists() for c in caches)  # empty: the launch compiles everything
+    assert env["PYTHONPATH"].startswith(str(gpu_step.ROOT))
+    assert startup_variants.compile_cache(env) == "cold"
+    own = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    (tmp_path / "vllm" / "torch_compile_cache" / "abc").mkdir(parents=True)
+    assert startup_variants.compile_cache(own) == "warm"
+    shared = gpu_step.launch_env(gpu_step.parse_args([]), tmp_path / "run")  # the machine's caches
+    assert shared.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
+
+
+def test_the_record_is_the_runs_startup_json(tmp_path):
+    assert startup_variants.startup_record(tmp_path) is None  # a launch that never reached the TaskRunner
+    record = {"complete": True, "launch_to_first_step_s": 150.0, "phases": {"cli": 5.0}, "marks": {}}
+    (tmp_path / "startup.json").write_text(json.dumps(record))
+    assert startup_variants.startup_record(tmp_path) == record
+
+
+def test_the_listing_names_each_variant_with_what_it_cuts_and_costs(capsys):
+    assert startup_variants.main([]) == 0
+    out = capsys.readouterr().out
+    for name, variant in VARIANTS.items():
+        assert f"{name}: {' '.join(variant.overrides) or '(as it is)'}" in out and variant.cost in out
