@@ -83,6 +83,13 @@ def keep_episode_refs(raw: Any) -> Any:
     return raw
 
 
+def closest_key_hint(leaf: str, known, parent: str = "") -> str:
+    """` (did you mean parent.key?)` for the known key closest to a misspelled `leaf`, else "" (every "unknown
+    key" error of the configs: ours, verl's overrides, verl's schema)."""
+    close = difflib.get_close_matches(leaf, [str(k) for k in known], n=1)
+    return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+
+
 def _explain(message: str, config_dir: Path, name: str) -> str:
     """Turn Hydra's 'Could not override' into 'unknown config key a.b (did you mean a.c?)'."""
     match = re.search(r"Could not override '([^']+)'", message)
@@ -96,8 +103,7 @@ def _explain(message: str, config_dir: Path, name: str) -> str:
     if isinstance(node, DictConfig) and len(node) == 0:  # an open mapping such as advantage_options
         return f"{parent} takes free-form options: add {leaf} with +{key}=..."
     if isinstance(node, DictConfig):
-        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
-        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        hint = closest_key_hint(leaf, node.keys(), parent)
     return f"unknown config key {key}{hint}; to add a new key use +{key}=..."
 
 

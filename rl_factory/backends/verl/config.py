@@ -13,7 +13,6 @@ Keys of ours with no verl counterpart stay ours (`env.*`, `rollout.max_response_
 """
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 from pathlib import Path
@@ -29,7 +28,7 @@ from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.sampler import sampler_values
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
-from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short
+from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short, closest_key_hint
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -244,8 +243,7 @@ def _check_keys(base: DictConfig, parsed: list[Any]) -> None:
             continue
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
-        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1) if isinstance(node, DictConfig) else []
-        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        hint = closest_key_hint(leaf, node.keys(), parent) if isinstance(node, DictConfig) else ""
         raise ConfigError(f"unknown config key {key}: neither an rl_factory key (configs/grpo.yaml) nor a verl "
                           f"key{hint}; to add a new key use +{key}=...")
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import difflib
 import io
 import logging
 import re
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rl_factory.config import CONFIG_DIR, ConfigError
+from rl_factory.config import CONFIG_DIR, ConfigError, closest_key_hint
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -88,8 +87,7 @@ def check_keys(cfg: DictConfig) -> None:
         if fields is not None and leaf in fields or fields is None and leaf in _verl_names():
             continue
         known = sorted({str(k) for k in parent.keys() if not str(k).startswith("_")} | (fields or set()))
-        close = difflib.get_close_matches(leaf, known, n=1)
-        hint = f" (did you mean {where + '.' if where else ''}{close[0]}?)" if close else ""
+        hint = closest_key_hint(leaf, known, where)
         why = (f"{target} has no such parameter: verl passes {where} to it" if where in KWARGS_OF else
                f"verl's {target.rsplit('.', 1)[-1]} has no such field, and its Ray workers would fail on it "
                "minutes into the run" if fields is not None else "verl never reads it: it would be ignored")
