@@ -6,6 +6,7 @@
 #   bash examples/arena_vs_pointwise/verl_vllm_judge.sh [JUDGE_MODEL] [main_grpo.sh overrides ...]
 #
 # JUDGE_MODEL: a model directory vLLM loads offline; default the builtin tiny model (built here if needed).
+# JUDGE_MAX_LEN: the judge's context (1024: the tiny model has 1024 positions, and vLLM refuses a longer one).
 # The tiny model writes calculator answers, not verdicts: its replies are counted as judge failures
 # (arena/judge_failures; on_judge_failure=tie, no retries), so with it the run measures requests, latency and
 # failures under load, not judging. A chat model that follows pairwise_prompt.txt gives verdicts.
@@ -23,15 +24,16 @@ fi
 mkdir -p "$OUT"
 # The judge: a second vLLM process with a small, fixed share of the GPU beside verl's own rollout engine.
 $PY -m vllm.entrypoints.openai.api_server --model "$JUDGE" --served-model-name judge --port "$PORT" \
-    --gpu-memory-utilization 0.08 --max-model-len 2048 --max-num-seqs 64 > "$OUT/judge.log" 2>&1 &
+    --gpu-memory-utilization 0.08 --max-model-len "${JUDGE_MAX_LEN:-1024}" --max-num-seqs 64 --dtype bfloat16 > "$OUT/judge.log" 2>&1 &
 judge_pid=$!
 trap 'kill $judge_pid 2>/dev/null; wait $judge_pid 2>/dev/null' EXIT
+up() { $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$PORT/v1/models" 2>/dev/null; }
 for _ in $(seq 300); do
-  curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && break
+  up && break
   kill -0 $judge_pid 2>/dev/null || { tail -30 "$OUT/judge.log" >&2; exit 1; }
   sleep 1
 done
-curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null || { echo "the judge did not start in 300 s" >&2; exit 1; }
+up || { echo "the judge did not start in 300 s" >&2; exit 1; }
 
 bash main_grpo.sh experiment_name=arena_vllm_judge trainer.output_dir="$OUT/run" trainer.backend=verl \
      trainer.n_gpus_per_node=1 trainer.total_steps=6 trainer.eval_every=3 data.train_batch_size=16 rollout.n=8 \
