@@ -41,13 +41,14 @@ class ChatClient:
 
     Args:
         stats: a dict to count `requests`, `retries` and `cache_hits` in (shared with a judge's own).
+        extra_body: more request fields, merged into every request (not `model` or `messages`).
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
                  max_concurrency: int = 8, max_retries: int = 3, backoff_s: float = 1.0,
                  timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 512,
                  cache_size: int = CACHE_SIZE, stats: dict[str, int] | None = None,
-                 max_response_bytes: int = MAX_RESPONSE_BYTES):
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, extra_body: dict[str, Any] | None = None):
         if not model:
             raise ValueError("an LLM judge needs a model name (the endpoint's model)")
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -55,6 +56,12 @@ class ChatClient:
         self.max_concurrency, self.max_retries, self.backoff_s = max_concurrency, max_retries, backoff_s
         self.timeout_s, self.temperature, self.max_tokens = timeout_s, temperature, max_tokens
         self.cache_size, self.max_response_bytes = cache_size, max_response_bytes
+        # merged into every request: e.g. vLLM's or OpenAI's `response_format` (a JSON schema the reply must
+        # follow), so a small judge cannot answer outside the verdict's form
+        self.extra_body = dict(extra_body or {})
+        reserved = {"model", "messages"} & set(self.extra_body)
+        if reserved:
+            raise ValueError(f"judge extra_body may not set {sorted(reserved)} (the client sends them)")
         self._cache: dict[str, str] = {}
         self.stats = stats if stats is not None else {}
         for key in ("requests", "retries"):
@@ -81,7 +88,7 @@ class ChatClient:
         """
         client, semaphore = self._bound.get()
         body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+                "max_tokens": self.max_tokens, **self.extra_body}
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         if key in self._cache:
             self.stats["cache_hits"] = self.stats.get("cache_hits", 0) + 1

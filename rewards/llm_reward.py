@@ -136,11 +136,12 @@ class LLMReward:
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1",
                  api_key_env: str | None = "OPENAI_API_KEY", prompt: str | None = None, scale: float = 10.0,
                  max_concurrency: int = 8, max_retries: int = 3, backoff_s: float = 1.0, timeout_s: float = 60.0,
-                 temperature: float = 0.0, max_tokens: int = 512, cache_size: int = CACHE_SIZE):
+                 temperature: float = 0.0, max_tokens: int = 512, cache_size: int = CACHE_SIZE,
+                 extra_body: dict[str, Any] | None = None):
         self.template = load_rubric(prompt)
         self.scale = scale
         self.client = ChatClient(base_url, model, api_key_env, max_concurrency, max_retries, backoff_s,
-                                 timeout_s, temperature, max_tokens, cache_size=cache_size)
+                                 timeout_s, temperature, max_tokens, cache_size=cache_size, extra_body=extra_body)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -169,7 +170,7 @@ async def llm_judge(prompt: str, completion: str, answer: Any = None, messages: 
                     model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key_env: str | None = "OPENAI_API_KEY",
                     rubric: str | None = None, scale: float = 10.0, max_concurrency: int = 8, max_retries: int = 3,
                     backoff_s: float = 1.0, timeout_s: float = 60.0, temperature: float = 0.0,
-                    max_tokens: int = 512) -> float:
+                    max_tokens: int = 512, extra_body: dict[str, Any] | None = None) -> float:
     """The pointwise judge for `reward.functions`: its `kwargs` are `LLMReward`'s arguments (the
     template is `rubric` here, since `prompt` is the row's question). No `**kwargs`, so a misspelled
     config key fails when the reward loads.
@@ -182,7 +183,7 @@ async def llm_judge(prompt: str, completion: str, answer: Any = None, messages: 
     """
     config = dict(model=model, base_url=base_url, api_key_env=api_key_env, prompt=rubric, scale=scale,
                   max_concurrency=max_concurrency, max_retries=max_retries, backoff_s=backoff_s,
-                  timeout_s=timeout_s, temperature=temperature, max_tokens=max_tokens)
+                  timeout_s=timeout_s, temperature=temperature, max_tokens=max_tokens, extra_body=extra_body)
     key = json.dumps(config, sort_keys=True)
     if key not in _REWARDS:  # one client per configuration: a shared concurrency limit and cache
         _REWARDS[key] = LLMReward(**config)

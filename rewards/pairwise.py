@@ -113,6 +113,7 @@ class JudgeConfig:
     timeout_s: float = 60.0
     temperature: float = 0.0
     max_tokens: int = 512
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 class PairwiseModelJudge:

@@ -56,3 +56,11 @@ def test_a_refused_value_makes_no_run_directory(tmp_path, capsys):
     assert main(["train", "trainer.total_steps=-3", f"trainer.output_dir={run_dir}"]) == 2
     assert capsys.readouterr().err == "error: trainer.total_steps=-3: must be an integer >= 1\n"
     assert not run_dir.exists()
+
+
+def test_a_mapping_given_to_an_open_mapping_says_how_to_set_it():
+    with pytest.raises(ConfigError, match=r"extra_body is a free-form mapping: set all of it with "
+                                          r"\+\+algorithm\.arena\.judge\.extra_body="):
+        load_config("grpo", ["algorithm.arena.judge.extra_body={top_k: 1}"])
+    cfg = load_config("grpo", ["++algorithm.arena.judge.extra_body={top_k: 1, response_format: {type: json_object}}"])
+    assert cfg.algorithm.arena.judge.extra_body.response_format.type == "json_object"

@@ -7,9 +7,11 @@
 #
 # JUDGE_MODEL: a model directory vLLM loads offline; default the builtin tiny model (built here if needed).
 # JUDGE_MAX_LEN: the judge's context (1024: the tiny model has 1024 positions, and vLLM refuses a longer one).
-# The tiny model writes calculator answers, not verdicts: its replies are counted as judge failures
-# (arena/judge_failures; on_judge_failure=tie, no retries), so with it the run measures requests, latency and
-# failures under load, not judging. A chat model that follows pairwise_prompt.txt gives verdicts.
+# The judge's replies are constrained to the verdict's JSON schema (algorithm.arena.judge.extra_body ->
+# vLLM's structured outputs), so the builtin tiny model, which never learnt to judge, still answers
+# {"winner": ...}: the run measures the judge path under load (requests, latency, parsed verdicts), not the
+# quality of the verdicts. Replies vLLM cannot constrain are judge failures (arena/judge_failures,
+# on_judge_failure=tie, no retries).
 # Prints one JSON line: per step the arena requests, failures, ties and arena seconds; the judge's own count.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -22,6 +24,9 @@ if [ -z "$JUDGE" ]; then
   JUDGE=$($PY -c "from rl_factory.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")
 fi
 mkdir -p "$OUT"
+# vLLM decodes the judge's reply under this JSON schema (structured outputs), so even a model that never learnt
+# the prompt's form answers with a verdict
+VERDICT_SCHEMA='{response_format:{type:json_schema,json_schema:{name:verdict,schema:{type:object,properties:{winner:{type:string,enum:[A,B,tie]}},required:[winner]}}}}'
 # The judge: a second vLLM process with a small, fixed share of the GPU beside verl's own rollout engine.
 $PY -m vllm.entrypoints.openai.api_server --model "$JUDGE" --served-model-name judge --port "$PORT" \
     --gpu-memory-utilization 0.08 --max-model-len "${JUDGE_MAX_LEN:-1024}" --max-num-seqs 64 --dtype bfloat16 > "$OUT/judge.log" 2>&1 &
@@ -43,6 +48,7 @@ bash main_grpo.sh experiment_name=arena_vllm_judge trainer.output_dir="$OUT/run"
      algorithm.arena.judge.api_key_env=null algorithm.arena.judge.max_retries=0 \
      algorithm.arena.judge.max_concurrency=32 algorithm.arena.judge.max_tokens=64 \
      algorithm.arena.judge.prompt=examples/arena_vs_pointwise/pairwise_prompt.txt \
+     "++algorithm.arena.judge.extra_body=$VERDICT_SCHEMA" \
      actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" 2>&1 | tee "$OUT/train.log"
 
 $PY - "$OUT" "$JUDGE" "$PORT" <<'PY'

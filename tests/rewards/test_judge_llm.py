@@ -134,3 +134,16 @@ def test_concurrency_limit(endpoint):
 
     assert asyncio.run(run()) == [0.0] * 8
     assert endpoint.peak == 3
+
+
+def test_extra_body_reaches_every_request_and_cannot_replace_the_messages(endpoint):
+    schema = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": {
+        "type": "object", "properties": {"winner": {"enum": ["A", "B", "tie"]}}, "required": ["winner"]}}}
+    judge = make_judge(endpoint, api_key_env=None, extra_body={"response_format": schema, "top_k": 1})
+    seen = len(endpoint.bodies)
+    assert asyncio.run(compare(judge, "ok", "extra long", "short")) == 1.0
+    sent = endpoint.bodies[seen:]
+    assert len(sent) == 2 and all(b["response_format"] == schema and b["top_k"] == 1 for b in sent)
+    assert all(b["model"] == "fake-judge" and b["messages"][-1]["content"].startswith("MODE ok") for b in sent)
+    with pytest.raises(ValueError, match=r"may not set \['messages'\]"):
+        make_judge(endpoint, extra_body={"messages": []})
