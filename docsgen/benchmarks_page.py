@@ -21,13 +21,13 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
     "rollout": [("engine", "engine"), ("lockstep s", "lockstep_s"), ("async s", "async_s"), ("ideal s", "ideal_s"),
                 ("speedup vs lockstep", "speedup_vs_lockstep"), ("ratio to ideal", "ratio_to_ideal")],
     "async_training": [("steps x prompts x n", "steps,batch,n"), ("tool +ms", "tool_latency_ms"),
-                       ("slow tools s/step k=0 / 1 / 2", "cpu_slow_tools.k0.median_step_s,cpu_slow_tools.k1.median_step_s,"
-                        "cpu_slow_tools.k2.median_step_s"),
+                       ("slow tools s/step k=0 / 1 / 2", "cpu_slow_tools.k0.mean_step_s,cpu_slow_tools.k1.mean_step_s,"
+                        "cpu_slow_tools.k2.mean_step_s"),
                        ("speedup k=1 / 2", "cpu_slow_tools.k1.speedup,cpu_slow_tools.k2.speedup"),
                        ("val accuracy k=0 / 1 / 2", "cpu_slow_tools.k0.val_accuracy_mean,"
                         "cpu_slow_tools.k1.val_accuracy_mean,cpu_slow_tools.k2.val_accuracy_mean"),
                        ("k=0 accuracy spread", "cpu_slow_tools.accuracy_spread_k0"),
-                       ("fast tools s/step k=0 / 1", "cpu_fast_tools.k0.median_step_s,cpu_fast_tools.k1.median_step_s"),
+                       ("fast tools s/step k=0 / 1", "cpu_fast_tools.k0.mean_step_s,cpu_fast_tools.k1.mean_step_s"),
                        ("fast tools speedup", "cpu_fast_tools.k1.speedup"), ("H200", "h200.skipped,h200.gpu")],
     "vs_trl": [("shape", "shape"), ("device", "device"), ("seed", "job.seed"), ("steps", "steps"), ("ours s/step", "ours.s_per_step"),
                ("ours spread", "ours.spread"), ("TRL s/step", "trl.s_per_step"), ("TRL spread", "trl.spread"),

@@ -7,6 +7,7 @@
 #
 # JUDGE_MODEL: a model directory vLLM loads offline; default the builtin tiny model (built here if needed).
 # JUDGE_MAX_LEN: the judge's context (1024: the tiny model has 1024 positions, and vLLM refuses a longer one).
+# JUDGE_VLLM_ARGS: more arguments of the judge's server (e.g. --enforce-eager: no CUDA graphs, a faster start).
 # The judge's replies are constrained to the verdict's JSON schema (algorithm.arena.judge.extra_body ->
 # vLLM's structured outputs), so the builtin tiny model, which never learnt to judge, still answers
 # {"winner": ...}: the run measures the judge path under load (requests, latency, parsed verdicts), not the
@@ -29,7 +30,7 @@ mkdir -p "$OUT"
 VERDICT_SCHEMA='{response_format:{type:json_schema,json_schema:{name:verdict,schema:{type:object,properties:{winner:{type:string,enum:[A,B,tie]}},required:[winner]}}}}'
 # The judge: a second vLLM process with a small, fixed share of the GPU beside verl's own rollout engine.
 $PY -m vllm.entrypoints.openai.api_server --model "$JUDGE" --served-model-name judge --port "$PORT" \
-    --gpu-memory-utilization 0.08 --max-model-len "${JUDGE_MAX_LEN:-1024}" --max-num-seqs 64 --dtype bfloat16 > "$OUT/judge.log" 2>&1 &
+    --gpu-memory-utilization 0.08 --max-model-len "${JUDGE_MAX_LEN:-1024}" --max-num-seqs 64 --dtype bfloat16 ${JUDGE_VLLM_ARGS:-} > "$OUT/judge.log" 2>&1 &
 judge_pid=$!
 trap 'kill $judge_pid 2>/dev/null; wait $judge_pid 2>/dev/null' EXIT
 up() { $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$PORT/v1/models" 2>/dev/null; }
@@ -57,9 +58,12 @@ from pathlib import Path
 out, judge, port = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 lines = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
 steps = [m for m in lines if "arena/judge_requests" in m]
-keys = ("arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/arena_s", "timing/step_s")
+keys = ("arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/arena_s", "timing/step_s",
+        "guard/violations", "guard/tokens/mismatched", "guard/receipts/stale", "guard/receipts/weights_mismatch")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
 served = sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:request_success_total"))
 print(json.dumps({"bench": "arena_vllm_judge", "judge_model": judge, "steps": len(steps),
-                  "per_step": {k: [m.get(k) for m in steps] for k in keys}, "judge_served_requests": served}))
+                  "per_step": {k: [m.get(k) for m in steps] for k in keys}, "judge_served_requests": served,
+                  "val_accuracy": {m["step"]: m["val/accuracy"] for m in lines if "val/accuracy" in m},
+                  "guard_bundles": sorted(p.name for p in (out / "run" / "guard").glob("*") if p.is_dir())}))
 PY
