@@ -34,3 +34,21 @@ def test_without_a_gpu_the_h200_arm_is_skipped(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     assert async_training.h200(args(), tmp_path) == {"skipped": "no CUDA device on this machine"}
+
+
+def test_step_time_is_the_mean_of_an_alternating_series_and_the_speedup_uses_it():
+    def lines(times):
+        return [{"step": i + 1, "timing/step_s": t} for i, t in enumerate(times)]
+
+    # k=1's steps alternate between a step whose batch was ready and one that waited for it
+    alternating = async_training.step_times(lines([5.0, 1.2, 0.4, 1.2, 0.4, 1.2, 0.4, 1.2]))
+    assert alternating == {"mean_step_s": 0.857, "median_step_s": 1.2}  # step 1 (start-up) left out
+    on_policy = async_training.step_times(lines([5.0, 1.1, 1.1, 1.1]))
+
+    def run(times, accuracy):
+        return {**times, "val_accuracy": accuracy}
+
+    arm = async_training.summarize({0: [run(on_policy, 0.98), run(on_policy, 0.99)],
+                                    1: [run(alternating, 0.98), run(alternating, 0.97)]})
+    assert arm["k1"]["speedup"] == round(1.1 / 0.857, 3) and arm["k1"]["median_step_s"] == 1.2
+    assert arm["accuracy_spread_k0"] == 0.01 and arm["within_spread"] == {"k1": True}
