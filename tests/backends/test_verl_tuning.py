@@ -234,3 +234,36 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
     assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length
+
+
+def test_reading_a_hub_models_shape_never_asks_the_hub_for_it(tmp_path):
+    """--cfg job and --doctor compose the plan: on a machine without network, asking the hub for the model's
+    config waited on its retries for a minute. (huggingface_hub's own daily registry request may still come.)"""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    paths = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's protocol
+            paths.append(self.path)
+            self.send_error(404)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
+           "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"}
+    code = "from rl_factory.backends.verl.tuning import ModelShape; print(ModelShape.from_path('Qwen/Qwen3-4B'))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
+    assert [p for p in paths if "Qwen3-4B" in p] == []

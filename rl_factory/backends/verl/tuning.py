@@ -67,7 +67,9 @@ class ModelShape:
             import torch
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            cfg = AutoConfig.from_pretrained(path)
+            # never the network: composing a config (--cfg job, --doctor) on a machine without one would wait on
+            # the hub's retries; a hub id not downloaded yet is planned with verl's static defaults
+            cfg = AutoConfig.from_pretrained(path, local_files_only=True)
             text = getattr(cfg, "text_config", None) or cfg
             with torch.device("meta"):
                 params = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
