@@ -11,7 +11,8 @@ All arms of one invocation go into one JSON line (`emit("async_training", ...)`)
   with every tool call `--tool-latency-ms` (200) slower (the calculator server's own `--latency-ms`, given in a
   copy of the manifest), for each k of `--staleness` (0 1 2) and each seed of `--seeds`. Per k: the median of
   the seeds' mean step time (`mean_step_s`: `timing/step_s` of steps 2..S, the throughput; validation is
-  outside it; `median_step_s` beside it), `speedup` = k=0's / k's, and the final validation accuracy per seed; `accuracy_spread_k0` is k=0's max - min over the seeds.
+  outside it; `median_step_s` beside it), `speedup` = k=0's / k's, and the final validation accuracy per seed;
+  `accuracy_spread_k0` is k=0's max - min over the seeds.
   Target: k=1 at least 1.3x faster, its mean accuracy within k=0's spread.
 - `cpu_fast_tools`: the same job with the tools as they are, for each k of `--fast-staleness` (0 1) and the
   first seed: what async gives when the tools are fast (no target).

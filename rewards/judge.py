@@ -145,7 +145,7 @@ class LLMJudge(PairwiseModelJudge):
         # The verdict cache of PairwiseModelJudge sits in front, so the client keeps none of its own.
         self.client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env, cfg.max_concurrency, cfg.max_retries,
                                  cfg.backoff_s, cfg.timeout_s, cfg.temperature, cfg.max_tokens, cache_size=0,
-                                 stats=self.stats, extra_body=dict(cfg.extra_body or {}))
+                                 stats=self.stats, extra_body=cfg.extra_body)
 
     async def judge_prompt(self, prompt: str) -> float:
         return await self.client.chat([{"role": "user", "content": prompt}], parse=parse_verdict)

@@ -102,7 +102,7 @@ def _explain(message: str, config_dir: Path, name: str) -> str:
     hint = ""
     if isinstance(node, DictConfig) and len(node) == 0:  # an open mapping such as advantage_options
         return f"{parent} takes free-form options: add {leaf} with +{key}=..."
-    target = OmegaConf.select(base, key) if parent else None
+    target = OmegaConf.select(base, key)
     if isinstance(target, DictConfig) and len(target) == 0:  # a whole mapping given to an open one (extra_body)
         return f"{key} is a free-form mapping: set all of it with ++{key}={{...}}, or one key with +{key}.name=..."
     if isinstance(node, DictConfig):
