@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory import jsonl
+from rl_factory.base.files import write_atomic
 from rl_factory.engines.base import SamplingParams
 from rl_factory.rollout import Agent
 from rl_factory.base.types import EPISODE_FAILED, Trajectory
@@ -99,11 +100,4 @@ def write_rollouts(path: Path, trajs: list[Trajectory]) -> None:
     that is not valid Unicode (a lone surrogate) is written escaped rather than failing the step.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8", errors=jsonl.WRITE_ERRORS) as f:
-            for traj in trajs:
-                f.write(jsonl.dumps(trajectory_record(traj)))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)  # a failed write leaves no .tmp behind
+    write_atomic(path, "".join(jsonl.dumps(trajectory_record(traj)) for traj in trajs), errors=jsonl.WRITE_ERRORS)

@@ -11,7 +11,6 @@ import collections
 import json
 import logging
 import math
-import os
 import sys
 import time
 import uuid
@@ -24,6 +23,7 @@ import yaml
 from rl_factory import checkpoint as ckpt
 from rl_factory.config import ConfigError, redacted
 from rl_factory.fingerprint import describe_diff, fingerprint, run_view
+from rl_factory.base.files import write_atomic
 
 log = logging.getLogger("rl_factory")
 RUN_FILE = "run.json"
@@ -152,7 +152,7 @@ class RunDir:
     def _write_record(self) -> None:
         view = self._view or run_view(self.config)
         record = {"run_id": self.run_id, "fingerprint": fingerprint(view), "view": view}
-        _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
+        write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1, default=str))
 
     def write_report(self, enabled: bool = True) -> None:
         """(Re)write report.html; a report that fails is a warning, never the end of a run."""
@@ -192,7 +192,7 @@ class RunDir:
 def write_config(directory: Path, cfg) -> dict:
     """`<directory>/config.yaml`: the resolved config, secrets redacted (run and eval directories)."""
     config = redacted(cfg)
-    _write_atomic(directory / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    write_atomic(directory / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     return config
 
 
@@ -220,12 +220,6 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _f(value: Any) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.base.errors import UserError
+from rl_factory.base.files import write_atomic
 from rl_factory.jsonl import read_lines
 from rl_factory.base.registry import Registry
 
@@ -120,9 +121,7 @@ def truncate_metrics(path: Path, resume_step: int) -> int:
             dropped += 1
             continue
         kept.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept))
     return dropped
 
 

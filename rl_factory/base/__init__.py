@@ -9,6 +9,7 @@
   loop_local   a value per running event loop
   secrets      which strings are secret, and scrubbing them from everything we print
   judging      `JudgeError` and the pairwise judge protocol
+  files        writing a file whole or not at all (`write_atomic`)
 
 `envs`, `rewards` and `rl_factory.algorithms` import only this layer of the project (tests/test_layers.py).
 """

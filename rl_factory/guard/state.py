@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
+
+from rl_factory.base.files import write_atomic
 
 log = logging.getLogger("rl_factory")
 STATE_FILE = "guard_state.json"
@@ -41,10 +42,7 @@ def _plain(value: Any) -> Any:
 
 def write_state(path: Path, state: dict[str, Any]) -> None:
     """Write `state` to `path` whole or not at all (a temporary file renamed into place)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(to_json(state), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, to_json(state))
 
 
 def read_state(path: Path) -> dict[str, Any] | None:

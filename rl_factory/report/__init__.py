@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rl_factory.base.files import write_atomic
 from rl_factory.fingerprint import flatten
 from rl_factory.guard.bundle import findings as guard_findings
 from rl_factory.jsonl import WRITE_ERRORS
@@ -59,10 +60,8 @@ def write_report(run_dirs: str | Path | Sequence[str | Path], out: str | Path | 
     out = Path(out) if out is not None else dirs[0] / REPORT_FILE
     html = render_report(dirs, max_trajectories=max_trajectories, progress=progress, title=title)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     # a lone surrogate in a trajectory (rl_factory.jsonl.WRITE_ERRORS) becomes its JSON escape in the data block
-    tmp.write_text(html, encoding="utf-8", errors=WRITE_ERRORS)
-    tmp.replace(out)
+    write_atomic(out, html, errors=WRITE_ERRORS)
     return out
 
 

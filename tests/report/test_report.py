@@ -166,7 +166,7 @@ def test_cli_writes_the_file_and_refuses_a_directory_without_a_run(arena_run, tm
 
 def test_write_report_defaults_into_the_run_directory(arena_run):
     path = write_report(arena_run)
-    assert path == arena_run / "report.html" and not list(arena_run.glob(".report.html.tmp"))
+    assert path == arena_run / "report.html" and not list(arena_run.glob(".report.html*.tmp"))
 
 
 def test_report_build_shows_a_progress_bar_on_a_terminal(arena_run, tmp_path):

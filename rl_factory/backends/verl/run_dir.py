@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.backends.verl import startup
+from rl_factory.base.files import write_atomic
 from rl_factory.jsonl import WRITE_ERRORS, dumps, read_records
 
 PARTS_DIR = Path("rollouts") / ".parts"
@@ -76,9 +77,7 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
     lines.sort(key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
     name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
     target = out_dir / "rollouts" / name
-    tmp = target.with_name(f".{name}.tmp")
-    tmp.write_text("".join(dumps(r) for r in lines), encoding="utf-8", errors=WRITE_ERRORS)
-    tmp.replace(target)
+    write_atomic(target, "".join(dumps(r) for r in lines), errors=WRITE_ERRORS)
     shutil.rmtree(parts, ignore_errors=True)
     return lines
 
@@ -225,9 +224,7 @@ class RunDirLogger:
             records.sort(key=lambda r: r.get("step", 0))
         else:
             old.update({k: v for k, v in line.items() if k not in old})
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
         self.jsonl = JsonlLogger(self.out_dir, None, None)
 
     def finish(self) -> None:
@@ -272,9 +269,7 @@ def _keep_rows(path: Path, resume: int, csv_rows: bool) -> None:
     else:
         kept = [x for x in lines if _step_of(x) is None or _step_of(x) < resume]
     if len(kept) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("\n".join(kept), encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, "\n".join(kept))
 
 
 def _step_of(line: str) -> int | None:

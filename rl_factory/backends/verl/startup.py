@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_factory.base.files import write_atomic
+
 log = logging.getLogger("rl_factory.verl")
 
 FILE = "startup.json"
@@ -101,10 +103,8 @@ class Clock:
 
     def write(self, error: str | None = None) -> dict[str, Any]:
         out = self.record(error)
-        tmp = self.path.with_name(f".{FILE}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-            tmp.replace(self.path)
+        try:  # the launcher and the TaskRunner both write it: write_atomic's temp name carries the pid
+            write_atomic(self.path, json.dumps(out, indent=1) + "\n")
         except OSError as exc:  # a record is no reason to stop the run
             log.warning("start-up record %s not written: %s", self.path, exc)
         return out
