@@ -2,7 +2,8 @@
 
 On verl a step's trajectories reach the process that logs the step only as rollouts lines; the agent loop
 puts the guard's evidence of each trajectory in its line (`guard`, rl_factory/guard/evidence.py), with the
-receipts of verl's server (the weight version `global_steps`, set when an `update_weights` lands). The
+receipts of verl's server (the weight version `global_steps`, set when an `update_weights` returns) and, from
+vLLM's workers, one line per weight sync saying whether the weights they hold changed (rl_factory/guard/syncs.py). The
 reward is the line's (scored by verl's reward worker after the evidence was taken). verl updates the
 weights after step s with version s, so the rollouts of step s expect version s - 1. The reward probes
 and the doctor's tool baseline need the reward and the chat template in this process and are left out
@@ -32,6 +33,7 @@ from rl_factory.guard import Guard, guard_config
 from rl_factory.guard.bundle import GUARD_DIR
 from rl_factory.guard.registry import StepData
 from rl_factory.guard.state import STATE_FILE, read_state, restore, write_state
+from rl_factory.guard.syncs import SYNCS_DIR, SyncReader
 
 LATEST_FILE = "state.json"  # <run>/guard/state.json: the state after the latest step checked
 
@@ -62,6 +64,7 @@ class LineGuard:
         self.horizon = self.cfg.receipts.max_staleness + 2  # steps a line waits for the batch that trains it
         self.batches: dict[int, dict[str, dict[str, Any]]] = {}  # step -> session_key -> what the actor trained
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # session_key -> (its step, evidence): not yet trained
+        self.syncs = SyncReader(Path(out_dir) / SYNCS_DIR)  # vLLM's own receipts of each weight sync (guard/syncs.py)
 
     def resume(self, checkpoints: Path, step: int) -> None:
         """Continue from the state saved with verl's checkpoint of `step` (`global_step_<step>`), else from the
@@ -101,7 +104,8 @@ class LineGuard:
             return {}
         evidence = [_with_reward(lines[i]) for i in where]
         late = self._join(step, evidence, [lines[i] for i in where]) if step in self.batches else []
-        data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1}, late=late)
+        data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1}, late=late,
+                        syncs=self.syncs.new_lines() if self.cfg.receipts.action != "off" else [])
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
 
     def trained(self, step: int, rows: dict[str, dict[str, Any]]) -> None:

@@ -27,7 +27,8 @@ class StepData:
     (rl_factory/guard/evidence.py); `files`: path -> fingerprint of the files the run depends on;
     `expected`: what the trainer expects of the engine's receipts (`version`, `weights`), when it knows;
     `late`: evidence of earlier steps' trajectories that this step's update trained (verl's async trainers train
-    a rollout steps after it was logged, rl_factory/guard/lines.py): for the `tokens` check only.
+    a rollout steps after it was logged, rl_factory/guard/lines.py): for the `tokens` check only;
+    `syncs`: the engine's weight-sync lines since the last step (rl_factory/guard/syncs.py): for `receipts`.
     """
 
     step: int
@@ -37,15 +38,17 @@ class StepData:
     files: dict[str, str] = field(default_factory=dict)
     expected: dict[str, Any] = field(default_factory=dict)
     late: list[dict[str, Any]] = field(default_factory=list)
+    syncs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "metrics": self.metrics, "trajectories": self.trajectories,
                 "probes": self.probes, "files": self.files, "expected": self.expected,
-                **({"late": self.late} if self.late else {})}
+                **({"late": self.late} if self.late else {}), **({"syncs": self.syncs} if self.syncs else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepData:
-        return cls(**{k: data[k] for k in ("step", "metrics", "trajectories", "probes", "files", "expected", "late")
+        return cls(**{k: data[k] for k in ("step", "metrics", "trajectories", "probes", "files", "expected", "late",
+                                               "syncs")
                       if k in data})
 
     def metric(self, key: str) -> float | None:

@@ -307,3 +307,18 @@ print(json.dumps({"loss": loss.item(), "grad": new.grad.tolist(), "metrics": met
     assert not torch.allclose(torch.tensor(rollout["grad"]), torch.tensor(exact["grad"]), atol=1e-4)
     assert update["metrics"]["actor/rollout_probs_diff_mean"] == pytest.approx(update["diff"], rel=1e-5)
     assert "actor/rollout_probs_diff_mean" not in exact["metrics"]
+
+
+def test_vllm_workers_get_the_receipts_extension_unless_the_guard_or_the_user_says_otherwise(tmp_path, tiny_model_dir):
+    """Our worker extension replaces verl's colocated one (it is verl's plus the sync receipts); a user's own wins."""
+    key = "RL_FACTORY_ENGINE_SYNCS"
+    cfg = compose(tmp_path, tiny_model_dir, [])
+    assert (cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls
+            == "rl_factory.backends.verl.vllm_receipts.ReceiptsWorkerExtension")
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[key].endswith("/engine_syncs")
+    off = compose(tmp_path, tiny_model_dir, ["trainer.guard.receipts.action=off"])
+    assert "worker_extension_cls" not in (off.actor_rollout_ref.rollout.engine_kwargs.vllm or {})
+    assert key not in off.ray_kwargs.ray_init.runtime_env.env_vars
+    mine = compose(tmp_path, tiny_model_dir, [],
+                   raw=["+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my.Ext"])
+    assert mine.actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls == "my.Ext"

@@ -122,12 +122,30 @@ def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) ->
         **async_values(ours),  # trainer.max_staleness, algorithm.correction (asynchrony.py)
     }
     env_vars = {"TENSORBOARD_DIR": str(out_dir / "tensorboard")}
+    values.update(receipt_values(ours, out_dir, env_vars))
     extra_opts = {k: v for k, v in opts.items() if k not in VERL_OPTIONS}
     if extra_opts:
         env_vars[OPTIONS_ENV] = json.dumps(extra_opts)
     for name, value in env_vars.items():  # Ray's runtime_env carries them to every node's workers
         values[f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"] = value
     return values
+
+
+# verl's colocated vLLM worker extension plus the run guard's weight-sync receipts (vllm_receipts.py)
+RECEIPTS_EXTENSION = "rl_factory.backends.verl.vllm_receipts.ReceiptsWorkerExtension"
+
+
+def receipt_values(ours: RunConfig, out_dir: Path, env_vars: dict[str, str]) -> dict[str, Any]:
+    """With the guard's receipts on, vLLM's workers fingerprint their weights around every sync: our worker
+    extension in place of verl's (a key given on the command line wins), writing into <run>/engine_syncs."""
+    from rl_factory.guard import guard_config
+    from rl_factory.guard.syncs import SYNCS_DIR, SYNCS_ENV
+
+    guard = guard_config(ours)
+    if not guard.enabled or guard.receipts.action == "off":
+        return {}
+    env_vars[SYNCS_ENV] = str(out_dir / SYNCS_DIR)
+    return {"actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls": RECEIPTS_EXTENSION}
 
 
 def _resume(resume: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from rl_factory.backends.verl import startup
 from rl_factory.backends.verl.validate import check_verl_config
 from rl_factory.config import ConfigError, RunConfig, check_training, parse, printable, redacted, worker_config
+from rl_factory.guard.syncs import set_aside_earlier
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -290,6 +291,7 @@ def run(cfg: DictConfig, run_dir: Any = None, clock: startup.Clock | None = None
     check_rollout_engine(cfg)
     check_trl()
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
+    set_aside_earlier(out_dir)  # this launch's engines count their weight syncs from 1 (guard/syncs.py)
     if run_dir is not None:
         run_dir.record()  # run.json: whose directory this is, for the next run's claim
     log.info("verl backend: run directory %s", out_dir)

@@ -111,6 +111,22 @@ class ReceiptsCheck(Check):
                    "guard/receipts/unknown": float(unknown)}
         if seen:
             metrics["guard/receipts/version"] = float(max(seen))
+        if data.syncs:  # the engine's own receipts of its weight syncs (verl + vLLM: rl_factory/guard/syncs.py)
+            from rl_factory.guard.syncs import unlanded
+
+            missed = [line for line in data.syncs if unlanded(line)]
+            costs = [float(line["seconds"]) for line in data.syncs if isinstance(line.get("seconds"), (int, float))]
+            metrics.update({"guard/receipts/engine_syncs": float(len(data.syncs)),
+                            "guard/receipts/engine_unlanded": float(len(missed))})
+            if costs:
+                metrics["guard/receipts/engine_sync_s"] = max(costs)
+            if missed:
+                first = missed[0]
+                return metrics, self.finding(data, (
+                    f"{len(missed)} of {len(data.syncs)} weight syncs left the engine's weights as they were: sync "
+                    f"{first.get('sync')} of engine {first.get('engine')} was sent {first.get('tensors')} new tensors "
+                    f"(fingerprint {first.get('received')}) and the weights it generates with stayed "
+                    f"{first.get('held_after')}: the weight sync does not reach the engine"), [])
         if stale:
             got = sorted({v for i in stale for v in data.trajectories[i]["versions"] if v is not None})
             return metrics, self.finding(data, (
