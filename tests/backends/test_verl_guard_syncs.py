@@ -120,3 +120,14 @@ def test_the_methods_the_extension_wraps_are_verls():
     assert methods["_update_weights"] == ["self", "weights", "peft_config", "base_sync_done"]
     calls = {c.func.attr for c in ast.walk(cls) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)}
     assert "_update_weights" in calls  # each bucket still goes through the method we wrap
+
+
+def test_a_receipt_that_cannot_be_taken_never_fails_the_sync(tmp_path):
+    """A tensor whose sum the recorder cannot take (here: not a tensor at all) turns the receipts off, quietly for
+    the sync: the engine's weights still load and nothing half-written is left."""
+    engine, recorder = _model(0), SyncRecorder(tmp_path, engine="host-2")
+    recorder.begin(engine)
+    recorder.received(["not a tensor"])
+    assert recorder.end(engine) is None and recorder.path is None
+    assert _sync(recorder, engine, _model(1)) is None  # off for the rest of the run
+    assert not list(tmp_path.iterdir())
