@@ -59,7 +59,8 @@ out, judge, port = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 lines = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
 steps = [m for m in lines if "arena/judge_requests" in m]
 keys = ("arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/arena_s", "timing/step_s",
-        "guard/violations", "guard/tokens/mismatched", "guard/receipts/stale", "guard/receipts/weights_mismatch")
+        "guard/violations", "guard/tokens/mismatched", "guard/receipts/stale", "guard/receipts/weights_mismatch",
+        "guard/receipts/engine_syncs", "guard/receipts/engine_unlanded", "guard/receipts/engine_sync_s")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
 served = sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:request_success_total"))
 print(json.dumps({"bench": "arena_vllm_judge", "judge_model": judge, "steps": len(steps),
