@@ -60,6 +60,10 @@ BAD = [
     # the actor worker's assertion at start-up: log-prob batching by tokens while the update batches by count
     (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false"],
      "actor_rollout_ref.actor.use_dynamic_bsz=True but actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False"),
+    # a worker extension vLLM would fail to import in each worker it starts
+    (["+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my_pkg.ext.MyExtension"],
+     "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my_pkg.ext.MyExtension: no module "
+     "'my_pkg.ext' on this machine"),
     # a value verl's RolloutConfig refuses when a worker converts the slice
     (["actor_rollout_ref.rollout.mode=sync"],
      "verl rejects actor_rollout_ref.rollout: Rollout mode 'sync' has been removed"),

@@ -74,6 +74,7 @@ def check_verl_config(cfg: DictConfig) -> None:
     _validate_config(cfg, reference, critic)
     actor = _convert(cfg, reference)
     _worker_assertions(cfg, actor, critic)
+    _worker_extension(cfg)
 
 
 def check_keys(cfg: DictConfig) -> None:
@@ -248,6 +249,25 @@ def _worker_assertions(cfg: DictConfig, actor, critic: bool) -> None:
                               f"{rollout.n} = {mini} trajectories per update must split evenly over {ranks} "
                               f"data-parallel rank(s) ({gpus} GPUs): verl's workers assert it at the first update, "
                               "after the first rollout (ours: data.train_batch_size / optim.mini_batches prompts)")
+
+
+def _worker_extension(cfg: DictConfig) -> None:
+    """vLLM imports `engine_kwargs.vllm.worker_extension_cls` in each worker it starts, minutes into the run: its
+    module must be on this machine. Found, not imported (ours and verl's import vLLM, which the driver may lack)."""
+    import importlib.util
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls"
+    name = OmegaConf.select(cfg, key)
+    if not name:
+        return
+    module, _, cls = str(name).rpartition(".")
+    try:
+        found = bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found or not cls:
+        raise ConfigError(f"{key}={name}: no module {module or name!r} on this machine (a `module.Class` name): "
+                          "vLLM's workers would fail to start with it minutes into the run")
 
 
 def _model_parallel(node: DictConfig, converted) -> int:
