@@ -22,7 +22,8 @@ PORT=${JUDGE_PORT:-8020}
 JUDGE=${1:-}
 [ $# -gt 0 ] && shift
 if [ -z "$JUDGE" ]; then
-  JUDGE=$($PY -c "from rl_factory.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")
+  # the path is the last line: a first build prints its progress on stdout too
+  JUDGE=$($PY -c "from rl_factory.models.tiny import ensure_tiny_model; print(ensure_tiny_model())" | tail -n 1)
 fi
 mkdir -p "$OUT"
 # vLLM decodes the judge's reply under this JSON schema (structured outputs), so even a model that never learnt
