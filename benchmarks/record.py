@@ -100,8 +100,8 @@ def command_line(argv: list[str] | None = None) -> str:
         return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else part
 
     parts = [relative(sys.executable), *([relative(argv[0])] if argv else []), *argv[1:]]
-    if parts[0].startswith(".venv/"):
-        parts[0] = ".venv/bin/python"
+    if parts[0].startswith(".venv/") or Path(parts[0]).name.startswith("python"):
+        parts[0] = ".venv/bin/python"  # the project's interpreter, as a user runs it (a GPU image's own included)
     return shlex.join(parts)
 
 

@@ -59,6 +59,14 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
                            ("judge requests per step", "judge_requests_per_step"),
                            ("arena beats pointwise from noise: final / mean over training",
                             "advantage_appears_at_noise.final,advantage_appears_at_noise.mean_over_training"), ("wall s", "wall_s")],
+    "arena_vllm_judge": [("steps", "steps"), ("judge calls a step", "per_step.arena/judge_calls"),
+                         ("judge requests a step", "per_step.arena/judge_requests"),
+                         ("judge failures", "per_step.arena/judge_failures"), ("tie share", "tie_share"),
+                         ("requests vLLM served", "judge_served_requests"), ("step s", "per_step.timing/step_s"),
+                         ("guard violations", "guard_violations"),
+                         ("vLLM syncs a step", "per_step.guard/receipts/engine_syncs"),
+                         ("syncs that did not land", "per_step.guard/receipts/engine_unlanded"),
+                         ("launch to first step s", "launch_to_first_step_s")],
     "first_task": [("fresh cache", "fresh_cache"), ("model prep s", "model_prep_s"),
                    ("first step since scaffold s", "first_step_since_scaffold_s"), ("3 steps s", "three_steps_s"),
                    ("doctor s", "doctor_s")],
@@ -67,10 +75,11 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
              ("fds growth", "fds_growth"), ("processes growth", "processes_growth"), ("RSS MiB", "rss_mib")],
     "gpu_step": [("model", "model"), ("old log-probs", "phases.old_log_prob.mode"), ("step s", "step_s"),
                  ("generation s", "phases.generate.s"), ("old log-probs s", "phases.old_log_prob.s"),
-                 ("update s", "phases.update.s"), ("weight sync s", "phases.weight_sync.s"),
+                 ("update s", "phases.update.s"), ("weight sync s", "phases.weight_sync.s|phases.update_weights.s"),
                  ("old log-probs vs forward", "ratio_to_ceiling.old_log_prob_vs_forward"),
                  ("update vs forward+backward", "ratio_to_ceiling.update_vs_forward_backward"),
-                 ("peak GPU used GiB", "memory_gb.device_peak_used")],
+                 ("peak GPU used GiB", "memory_gb.device_peak_used"), ("start-up variant", "startup_variant"),
+                 ("launch to first step s", "startup.launch_to_first_step_s")],
     "compare_loops": [("model", "model"), ("ours step s", "rl_factory.step_s"), ("verl's step s", "verl_tool_agent.step_s"),
                       ("ours / verl's", "step_ratio"), ("target", "target"), ("met", "met"),
                       ("tokens per step ratio", "tokens_per_step_ratio")],
@@ -136,6 +145,9 @@ def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def get(record: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path; `a.b|a.c`: the first of the paths the record has (a key renamed over time)."""
+    if "|" in path:
+        return next((v for v in (get(record, alt) for alt in path.split("|")) if v is not None), None)
     node: Any = record
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -202,6 +214,9 @@ def table(name: str, records: list[dict[str, Any]]) -> list[str]:
     cols = columns(name, rows)
     out = [f"## {name}", ""]
     script = Path("benchmarks") / f"{name}.py"
+    if not script.exists() and rows:  # a benchmark run by another script (an example's): the one its command names
+        words = [w for w in rows[-1].get("command", "").split() if "=" not in w or "/" in w.split("=", 1)[0]]
+        script = next((Path(w) for w in words if w.endswith((".py", ".sh")) and "/" in w), script)
     out += [f"Script: `{script}`. {len(records)} record(s) in `benchmarks/results/{name}.jsonl`.", ""]
     head = ["command", *(h for h, _ in cols), "machine", "load", "commit", "date"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

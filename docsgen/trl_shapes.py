@@ -24,7 +24,7 @@ The same job on one GPU: ours on verl (`benchmarks/gpu_step.py --shape S --steps
 random-init weights, data, reward and calculator tool, 16 prompts x 8, 3 turns of 256 tokens, 512 tokens a
 trajectory, lr 1e-6, no KL, no old-log-prob pass on either side. `bash benchmarks/gpu_suite.sh ours_shape 0.6b`
 and `trl_shape 0.6b` (then `4b`) run them; benchmarks/README.md has the device commands. Seconds are medians
-over steps 2-5 (step 1 compiles and captures graphs). Rollout: generation, tools and reward (TRL's without the
+over steps 2 to the last (step 1 compiles and captures graphs; the commands say how many steps ran). Rollout: generation, tools and reward (TRL's without the
 weight copy into vLLM, which is its own column on both sides). Memory in GiB: the device's peak used memory while
 the job ran (nvidia-smi: every process, vLLM's included), each side's torch allocator peak (ours: the FSDP
 actor's process; TRL: its one process, vLLM's tensors included), and vLLM's budget (gpu_memory_utilization x
@@ -81,7 +81,9 @@ def both(ours: dict | None, trl: dict | None, ours_value: Any, trl_value: Any, m
 
 
 def vllm_budget(ours: dict | None) -> float | None:
-    share, total = get(ours, "tuned.actor_rollout_ref.rollout.gpu_memory_utilization"), get(ours, "memory_gb.device_total")
+    # the tuned keys hold dots themselves: read the key whole, not as a dotted path
+    share = ((ours or {}).get("tuned") or {}).get("actor_rollout_ref.rollout.gpu_memory_utilization")
+    total = get(ours, "memory_gb.device_total")
     return round(share * total, 1) if share and total else None
 
 

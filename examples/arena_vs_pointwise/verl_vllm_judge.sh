@@ -13,13 +13,15 @@
 # {"winner": ...}: the run measures the judge path under load (requests, latency, parsed verdicts), not the
 # quality of the verdicts. Replies vLLM cannot constrain are judge failures (arena/judge_failures,
 # on_judge_failure=tie, no retries).
-# Prints one JSON line: per step the arena requests, failures, ties and arena seconds; the judge's own count.
+# Prints one JSON line (summary.py beside this script) and records it in benchmarks/results/arena_vllm_judge.jsonl:
+# per step the arena requests, failures and ties, step seconds, the guard's findings; the judge's own count.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-outputs/arena_vllm_judge}
 PORT=${JUDGE_PORT:-8020}
 JUDGE=${1:-}
+GIVEN=$JUDGE  # as given (empty: the builtin model), for the record's command
 [ $# -gt 0 ] && shift
 if [ -z "$JUDGE" ]; then
   # the path is the last line: a first build prints its progress on stdout too
@@ -53,19 +55,19 @@ bash main_grpo.sh experiment_name=arena_vllm_judge trainer.output_dir="$OUT/run"
      "++algorithm.arena.judge.extra_body=$VERDICT_SCHEMA" \
      actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" 2>&1 | tee "$OUT/train.log"
 
-$PY - "$OUT" "$JUDGE" "$PORT" <<'PY'
-import json, sys, urllib.request
+RLF_JUDGE="$GIVEN" RLF_ARGS="${*@Q}" $PY - "$OUT" "$JUDGE" "$PORT" <<'PY'
+import json, os, shlex, sys, urllib.request
 from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from examples.arena_vs_pointwise.summary import summarize
+from benchmarks.record import append, make_record
 out, judge, port = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-lines = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-steps = [m for m in lines if "arena/judge_requests" in m]
-keys = ("arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/arena_s", "timing/step_s",
-        "guard/violations", "guard/tokens/mismatched", "guard/receipts/stale", "guard/receipts/weights_mismatch",
-        "guard/receipts/engine_syncs", "guard/receipts/engine_unlanded", "guard/receipts/engine_sync_s")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
 served = sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:request_success_total"))
-print(json.dumps({"bench": "arena_vllm_judge", "judge_model": judge, "steps": len(steps),
-                  "per_step": {k: [m.get(k) for m in steps] for k in keys}, "judge_served_requests": served,
-                  "val_accuracy": {m["step"]: m["val/accuracy"] for m in lines if "val/accuracy" in m},
-                  "guard_bundles": sorted(p.name for p in (out / "run" / "guard").glob("*") if p.is_dir())}))
+result = summarize(out / "run", judge, served)
+print(json.dumps(result), flush=True)
+argv = ["examples/arena_vs_pointwise/verl_vllm_judge.sh", os.environ["RLF_JUDGE"], *shlex.split(os.environ["RLF_ARGS"])]
+record = make_record("arena_vllm_judge", result, argv)
+record["command"] = shlex.join(["bash", *argv])  # a shell script, not a Python one
+append("arena_vllm_judge", record)
 PY

@@ -260,3 +260,24 @@ def test_the_verl_launchers_run_json_is_what_the_next_claim_reads(tmp_path):
     assert again.run_id == first.run_id == json.loads((run / RUN_FILE).read_text())["run_id"]
     with pytest.raises(ConfigError, match=r"verl_overrides \[\"trainer.n_gpus_per_node=2\"\] -> \(unset\)"):
         claim_run_dir(_verl_config(run), [])
+
+
+def test_the_steps_arena_metrics_are_the_groups_lines_summed_as_the_embedded_run_logs_them(tmp_path):
+    """On verl each worker process appends one arena/* line per group it played (group.py); the step's metrics
+    line carries their sums (the Spearman correlation: the mean over the groups that have one), as an embedded
+    arena run's line does. Another step's lines and a torn line count for nothing."""
+    run = tmp_path
+    logger = _logger(run, resume=False)
+    for worker, lines in {"host-1": [{"step": 1, "uid": "a", "arena/judge_calls": 12.0, "arena/ties": 2.0,
+                                      "arena/judge_requests": 20.0, "arena/reward_spearman": 0.5},
+                                     {"step": 2, "uid": "c", "arena/judge_calls": 99.0}],
+                          "host-2": [{"step": 1, "uid": "b", "arena/judge_calls": 12.0, "arena/ties": 0.0,
+                                      "arena/judge_requests": 24.0, "arena/reward_spearman": 0.25}]}.items():
+        (run / "arena" / worker).mkdir(parents=True)
+        text = "".join(json.dumps(x) + "\n" for x in lines)
+        (run / "arena" / worker / "metrics.jsonl").write_text(text + ('{"step": 1, "arena/judge_calls": 5' if
+                                                                      worker == "host-2" else ""))
+    _step(logger, run, 1, 1.0)
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["arena/judge_calls"] == 24.0 and line["arena/ties"] == 2.0 and line["arena/judge_requests"] == 44.0
+    assert line["arena/reward_spearman"] == pytest.approx(0.375)

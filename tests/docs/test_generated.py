@@ -73,7 +73,8 @@ def gpu_step_record(date, step_s, shape="qwen3-0.6b", lr=1e-6, overrides=(), com
             "phases": {"generate": {"s": 1.5, "generated_tokens": 25600.0}, "update": {"s": 1.0},
                        "update_weights": {"s": 0.3}, "old_log_prob": {"s": 0.04}},
             "memory_gb": {"max_allocated": 20.5, "max_reserved": 24.0, "device_peak_used": 110.0, "device_total": 140.0},
-            "tuned": {"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.5}}}}
+            # as gpu_step.py writes it: the tuned keys whole, dots and all
+            "tuned": {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.5}}
 
 
 def trl_shape_record(date, median_s, shape="qwen3-0.6b", device="cuda"):

@@ -135,3 +135,20 @@ def test_the_verl_vllm_judge_script_parses():
 
     done = subprocess.run(["bash", "-n", f"{HERE}/verl_vllm_judge.sh"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_verl_judge_runs_line_reads_the_steps_arena_metrics_and_the_guards(tmp_path):
+    """summary.py's line from a run directory as the verl backend leaves it: the step lines carry the arena/* sums
+    (run_dir.arena_step_metrics), validation lines carry val/accuracy, the guard's bundles are its folders."""
+    from examples.arena_vs_pointwise.summary import summarize
+
+    steps = [{"step": s, "arena/judge_calls": 10.0, "arena/ties": t, "arena/judge_requests": 20.0,
+              "timing/step_s": 4.0, "guard/violations": v} for s, t, v in ((1, 10.0, 0.0), (2, 0.0, 1.0))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in
+                                                    steps + [{"step": 2, "val/accuracy": 0.5}]))
+    (tmp_path / "guard" / "step_000002_receipts").mkdir(parents=True)
+    line = summarize(tmp_path, "judge-dir", 40.0)
+    assert line["steps"] == 2 and line["judge_calls"] == 20.0 and line["tie_share"] == 0.5
+    assert line["per_step"]["arena/judge_requests"] == [20.0, 20.0] and line["val_accuracy"] == {2: 0.5}
+    assert line["guard_violations"] == 1.0 and line["guard_bundles"] == ["step_000002_receipts"]
+    assert line["launch_to_first_step_s"] is None and line["judge_served_requests"] == 40.0

@@ -82,6 +82,29 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
     return lines
 
 
+ARENA_MEANS = ("arena/reward_spearman",)  # per-group values the step reports as their mean; every other arena/* is a count
+
+
+def arena_step_metrics(out_dir: Path, step: int) -> dict[str, float]:
+    """The step's `arena/*` metrics as the embedded trainer logs them, from the per-group lines every worker
+    process appended (`<output_dir>/arena/<host>-<pid>/metrics.jsonl`): counts summed over the groups, the
+    Spearman correlation averaged over the groups that have one. {} when no group of `step` played."""
+    sums: dict[str, float] = {}
+    means: dict[str, list[float]] = {}
+    for path in sorted(Path(out_dir).glob("arena/*/metrics.jsonl")):
+        for line in read_records(path, torn_ok=True):  # a worker killed mid-line costs that line only
+            if line.get("step") != step:
+                continue
+            for key, value in line.items():
+                if not key.startswith("arena/") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if key in ARENA_MEANS:
+                    means.setdefault(key, []).append(float(value))
+                else:
+                    sums[key] = sums.get(key, 0.0) + float(value)
+    return {**sums, **{key: sum(values) / len(values) for key, values in means.items()}}
+
+
 def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None) -> dict[str, float]:
     """ToolEnv.metrics()'s counters (`tool/calls`, `tool/<name>/calls`, `tool/errors/<kind>`, ...) from rollouts lines."""
     counts: Counter[str] = Counter()
@@ -182,6 +205,7 @@ class RunDirLogger:
             metrics.update(summarize_records(train, self.threshold))
             metrics.update(tool_counts(train))
             metrics.update(trajectory_timing(train))
+            metrics.update(arena_step_metrics(self.out_dir, step))  # the group stage's per-worker lines (group.py)
         if any(key.startswith("val-") for key in data):
             val = gather(self.out_dir, "val", step)
             metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
