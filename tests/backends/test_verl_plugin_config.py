@@ -158,10 +158,13 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
     # a tiny model leaves room for a full micro-batch without gradient checkpointing
     assert model.enable_gradient_checkpointing is False and actor.ppo_max_token_len_per_gpu == 32768
     assert cfg.data.dataloader_num_workers == 0
+    assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 2  # one node
     cfg = compose(tmp_path, tiny_model_dir, [], raw=["actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                                                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"])
+                                                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                                                     "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"])
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
     assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 4096
+    assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 8
 
 
 @pytest.mark.parametrize("args, message", [

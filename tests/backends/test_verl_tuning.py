@@ -65,6 +65,15 @@ def test_vllm_streams_only_a_requests_first_token_and_final_output():
     assert key not in _values(None)  # another rollout engine (sglang) has no such argument
 
 
+def test_transfer_queue_starts_two_storage_units_a_node_instead_of_eight():
+    """Each unit is a process started before training (tq.init: 16.8 s with 8, 5.4 s with 2 on a 2-core VM)."""
+    key = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+    assert _values(None, storage_units=8)[key] == 2
+    assert _values(None, storage_units=8, nodes=3)[key] == 6
+    assert key not in _values(None, storage_units=8, nodes=4)  # verl's 8 already is two a node
+    assert key not in _values(None, storage_units=0)  # another storage backend (Mooncake) has no units
+
+
 def test_vllm_kv_cache_holds_the_steps_trajectories_instead_of_filling_its_memory_share():
     # verl's prefix-cache reset at each weight sync walks every KV block: a tiny model's cache sized by the 0.6
     # share would be ~5M blocks

@@ -200,6 +200,13 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
 VARLEN_MODULE = "rl_factory.models.varlen_attention"
 
 
+def _storage_units(cfg: DictConfig) -> int:
+    """TransferQueue's SimpleStorage units as configured; 0 with another storage backend."""
+    backend = OmegaConf.select(cfg, "transfer_queue.backend.storage_backend")
+    units = OmegaConf.select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units")
+    return int(units or 0) if backend == "SimpleStorage" else 0
+
+
 def _add_external_lib(cfg: DictConfig, prefix: str, given: set[str]) -> None:
     """verl imports `<model>.external_lib` in every worker before building the model: our attention registers there."""
     key = f"{prefix}.external_lib"
@@ -219,7 +226,7 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
-                    else 0)
+                    else 0, nodes=int(cfg.trainer.nnodes), storage_units=_storage_units(cfg))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

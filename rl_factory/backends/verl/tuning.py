@@ -131,13 +131,22 @@ def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
 
 
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
-         critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0) -> Plan:
+         critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
+         nodes: int = 1, storage_units: int = 0) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
     `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
+    `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
     """
     out = Plan()
+    if 2 * nodes < storage_units:
+        # each unit is a Ray actor process the TaskRunner starts, and waits for, before anything else; tq.init took
+        # 16.8 s with verl's 8 and 5.4 s with 2 on a 2-core VM (Ray up, 16 logical CPUs). A step's batch (128
+        # trajectories of the 0.6B job) is a few MB: two units hold it.
+        out.set("transfer_queue.backend.SimpleStorage.num_data_storage_units", 2 * nodes,
+                "TransferQueue's storage units are processes started before training: two a node, as "
+                "TransferQueue recommends, instead of 8")
     if vllm_request_tokens > 0:
         # verl's server reads only a request's final output, but vLLM's default (stream_interval=1) builds a
         # cumulative output for every request at every decode step and wakes verl's coroutine for it: Python
