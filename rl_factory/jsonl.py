@@ -49,3 +49,35 @@ def read_records(path: str | Path, *, torn_ok: bool = False) -> list[Any]:
                 raise
             log.warning("%s line %d: not JSON (%s), skipped: a writer killed mid-line", path, number, exc.msg)
     return out
+
+
+class Tail:
+    """The records appended to JSON-lines files since the last read: the files `pattern` matches under
+    `directory` (they may appear at any time; processes append to them while we read), each whole line once.
+    A line still being written (no "\\n" yet) waits for the next read; one that never parses (a writer killed
+    mid-line, then appended after) is skipped with a warning."""
+
+    def __init__(self, directory: str | Path, pattern: str = "*.jsonl"):
+        self.directory, self.pattern = Path(directory), pattern
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> list[Any]:
+        out: list[Any] = []
+        for path in sorted(self.directory.glob(self.pattern)) if self.directory.is_dir() else []:
+            start = self.offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]
+            self.offsets[path] = start + len(whole)
+            for raw in whole.split(b"\n"):
+                if not raw.strip():
+                    continue
+                try:
+                    out.append(json.loads(raw))
+                except ValueError:
+                    log.warning("%s: a line that is not JSON, skipped: a writer killed mid-line", path)
+        return out

@@ -33,7 +33,8 @@ from rl_factory.guard import Guard, guard_config
 from rl_factory.guard.bundle import GUARD_DIR
 from rl_factory.guard.registry import StepData
 from rl_factory.guard.state import STATE_FILE, read_state, restore, write_state
-from rl_factory.guard.syncs import SYNCS_DIR, SyncReader
+from rl_factory.guard.syncs import SYNCS_DIR
+from rl_factory.jsonl import Tail
 
 LATEST_FILE = "state.json"  # <run>/guard/state.json: the state after the latest step checked
 
@@ -64,7 +65,7 @@ class LineGuard:
         self.horizon = self.cfg.receipts.max_staleness + 2  # steps a line waits for the batch that trains it
         self.batches: dict[int, dict[str, dict[str, Any]]] = {}  # step -> session_key -> what the actor trained
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # session_key -> (its step, evidence): not yet trained
-        self.syncs = SyncReader(Path(out_dir) / SYNCS_DIR)  # vLLM's own receipts of each weight sync (guard/syncs.py)
+        self.syncs = Tail(Path(out_dir) / SYNCS_DIR)  # vLLM's own receipts of each weight sync (guard/syncs.py)
 
     def resume(self, checkpoints: Path, step: int) -> None:
         """Continue from the state saved with verl's checkpoint of `step` (`global_step_<step>`), else from the
@@ -105,7 +106,7 @@ class LineGuard:
         evidence = [_with_reward(lines[i]) for i in where]
         late = self._join(step, evidence, [lines[i] for i in where]) if step in self.batches else []
         data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1}, late=late,
-                        syncs=self.syncs.new_lines() if self.cfg.receipts.action != "off" else [])
+                        syncs=[x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else [])
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
 
     def trained(self, step: int, rows: dict[str, dict[str, Any]]) -> None:

@@ -122,37 +122,6 @@ def unlanded(line: dict[str, Any]) -> bool:
             and before is not None and before == after)
 
 
-class SyncReader:
-    """The lines the engine processes appended since the last read (the run guard's side, one per run)."""
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = Path(directory)
-        self.offsets: dict[str, int] = {}
-
-    def new_lines(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if not self.directory.is_dir():
-            return out
-        for path in sorted(self.directory.glob("*.jsonl")):
-            start = self.offsets.get(path.name, 0)
-            try:
-                with path.open("rb") as f:
-                    f.seek(start)
-                    data = f.read()
-            except OSError:
-                continue
-            whole = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next read
-            self.offsets[path.name] = start + len(whole)
-            for raw in whole.splitlines():
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(line, dict):
-                    out.append(line)
-        return out
-
-
 def set_aside_earlier(run_dir: str | os.PathLike) -> None:
     """A new launch's engines start their counts afresh: the lines of earlier launches move to earlier/."""
     directory = Path(run_dir) / SYNCS_DIR

@@ -21,7 +21,8 @@ from rl_factory.backends.verl.run_dir import RunDirLogger, write_part
 from rl_factory.guard import GuardStop
 from rl_factory.guard.__main__ import main as guard_main
 from rl_factory.guard.evidence import digest
-from rl_factory.guard.syncs import SYNCS_DIR, SyncReader, SyncRecorder, set_aside_earlier, unlanded
+from rl_factory.guard.syncs import SYNCS_DIR, SyncRecorder, set_aside_earlier, unlanded
+from rl_factory.jsonl import Tail
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -93,11 +94,11 @@ def test_the_reader_takes_whole_lines_once_and_a_new_launch_starts_afresh(tmp_pa
     directory = tmp_path / SYNCS_DIR
     directory.mkdir()
     (directory / "a.jsonl").write_text('{"sync": 1}\n{"sync": 2')  # the second line is still being written
-    reader = SyncReader(directory)
-    assert reader.new_lines() == [{"sync": 1}]
+    reader = Tail(directory)
+    assert reader.read() == [{"sync": 1}]
     with (directory / "a.jsonl").open("a") as f:
         f.write("}\n")
-    assert reader.new_lines() == [{"sync": 2}] and reader.new_lines() == []
+    assert reader.read() == [{"sync": 2}] and reader.read() == []
     set_aside_earlier(tmp_path)
     set_aside_earlier(tmp_path)  # nothing left to move
     assert not list(directory.glob("*.jsonl")) and [p.name for p in (directory / "earlier").iterdir()] == ["a.jsonl"]

@@ -281,3 +281,7 @@ def test_the_steps_arena_metrics_are_the_groups_lines_summed_as_the_embedded_run
     line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["arena/judge_calls"] == 24.0 and line["arena/ties"] == 2.0 and line["arena/judge_requests"] == 44.0
     assert line["arena/reward_spearman"] == pytest.approx(0.375)
+    # step 2's line, read (and kept) while step 1 was logged, is step 2's: each line counts once
+    _step(logger, run, 2, 1.0)
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["arena/judge_calls"] == 99.0 and "arena/ties" not in line

@@ -139,7 +139,7 @@ def test_the_verl_vllm_judge_script_parses():
 
 def test_the_verl_judge_runs_line_reads_the_steps_arena_metrics_and_the_guards(tmp_path):
     """summary.py's line from a run directory as the verl backend leaves it: the step lines carry the arena/* sums
-    (run_dir.arena_step_metrics), validation lines carry val/accuracy, the guard's bundles are its folders."""
+    (run_dir.ArenaMetrics), validation lines carry val/accuracy, the guard's bundles are its folders."""
     from examples.arena_vs_pointwise.summary import summarize
 
     steps = [{"step": s, "arena/judge_calls": 10.0, "arena/ties": t, "arena/judge_requests": 20.0,

@@ -39,7 +39,7 @@ from typing import Any
 
 from rl_factory.backends.verl import startup
 from rl_factory.base.files import write_atomic
-from rl_factory.jsonl import WRITE_ERRORS, dumps, read_records
+from rl_factory.jsonl import WRITE_ERRORS, Tail, dumps, read_records
 
 PARTS_DIR = Path("rollouts") / ".parts"
 LOGGER_NAME = "rl_factory"
@@ -85,16 +85,26 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
 ARENA_MEANS = ("arena/reward_spearman",)  # per-group values the step reports as their mean; every other arena/* is a count
 
 
-def arena_step_metrics(out_dir: Path, step: int) -> dict[str, float]:
+class ArenaMetrics:
     """The step's `arena/*` metrics as the embedded trainer logs them, from the per-group lines every worker
-    process appended (`<output_dir>/arena/<host>-<pid>/metrics.jsonl`): counts summed over the groups, the
-    Spearman correlation averaged over the groups that have one. {} when no group of `step` played."""
-    sums: dict[str, float] = {}
-    means: dict[str, list[float]] = {}
-    for path in sorted(Path(out_dir).glob("arena/*/metrics.jsonl")):
-        for line in read_records(path, torn_ok=True):  # a worker killed mid-line costs that line only
-            if line.get("step") != step:
-                continue
+    process appends (`<output_dir>/arena/<host>-<pid>/metrics.jsonl`, group.py): counts summed over the groups,
+    the Spearman correlation averaged over the groups that have one. Each line is read once: a step's lines wait
+    here until that step is logged (an async trainer's workers run ahead), and older steps' are dropped then."""
+
+    def __init__(self, out_dir: Path):
+        self.tail = Tail(Path(out_dir) / "arena", "*/metrics.jsonl")
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+
+    def step(self, step: int) -> dict[str, float]:
+        for line in self.tail.read():
+            if isinstance(line, dict) and isinstance(line.get("step"), int):
+                self.pending.setdefault(line["step"], []).append(line)
+        lines = self.pending.pop(step, [])
+        for old in [s for s in self.pending if s < step]:
+            del self.pending[old]
+        sums: dict[str, float] = {}
+        means: dict[str, list[float]] = {}
+        for line in lines:
             for key, value in line.items():
                 if not key.startswith("arena/") or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
@@ -102,8 +112,7 @@ def arena_step_metrics(out_dir: Path, step: int) -> dict[str, float]:
                     means.setdefault(key, []).append(float(value))
                 else:
                     sums[key] = sums.get(key, 0.0) + float(value)
-    return {**sums, **{key: sum(values) / len(values) for key, values in means.items()}}
-
+        return {**sums, **{key: sum(values) / len(values) for key, values in means.items()}}
 
 def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None) -> dict[str, float]:
     """ToolEnv.metrics()'s counters (`tool/calls`, `tool/<name>/calls`, `tool/errors/<kind>`, ...) from rollouts lines."""
@@ -169,6 +178,7 @@ class RunDirLogger:
         if self.resume is not None:
             drop_unfinished(self.out_dir, self.resume)
         self.jsonl = JsonlLogger(self.out_dir, None, self.resume)
+        self.arena = ArenaMetrics(self.out_dir)
         from rl_factory.guard.lines import LineGuard
 
         self.guard = LineGuard(ours, self.out_dir)  # the run guard, on the step's rollouts lines
@@ -205,7 +215,7 @@ class RunDirLogger:
             metrics.update(summarize_records(train, self.threshold))
             metrics.update(tool_counts(train))
             metrics.update(trajectory_timing(train))
-            metrics.update(arena_step_metrics(self.out_dir, step))  # the group stage's per-worker lines (group.py)
+            metrics.update(self.arena.step(step))  # the group stage's per-worker lines (group.py)
         if any(key.startswith("val-") for key in data):
             val = gather(self.out_dir, "val", step)
             metrics.update({f"val/{k}": v for k, v in summarize_records(val, self.threshold).items()})
