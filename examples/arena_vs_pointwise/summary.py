@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rl_factory.jsonl import read_records
+
 KEYS = ("arena/judge_calls", "arena/judge_requests", "arena/judge_failures", "arena/ties", "timing/step_s",
         "guard/violations", "guard/tokens/mismatched", "guard/receipts/stale", "guard/receipts/weights_mismatch",
         "guard/receipts/engine_syncs", "guard/receipts/engine_unlanded", "guard/receipts/engine_sync_s")
 
 
 def summarize(run: Path, judge: str | None = None, served: float | None = None) -> dict[str, Any]:
-    lines = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lines = [m for m in read_records(Path(run) / "metrics.jsonl", torn_ok=True) if isinstance(m, dict)]
     steps = [m for m in lines if "arena/judge_calls" in m]
     calls = sum(m["arena/judge_calls"] for m in steps)
     ties = sum(m.get("arena/ties", 0.0) for m in steps)
