@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partial", choices=["true", "false"], default="true", help="trainer.partial_rollouts")
     parser.add_argument("--model", default=None, help="model.path of the CPU runs (default: the seed-0 builtin build)")
     parser.add_argument("--h200-models", nargs="+", default=["qwen3-0.6b", "tiny"])
+    parser.add_argument("--h200-staleness", nargs="+", type=int, default=[1, 0],
+                        help="the h200 arm's launches per model, in this order (the async one first: verl's async "
+                             "trainer is the part that can fail)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
@@ -174,22 +177,45 @@ def run_job(overrides: list[str], run_dir: Path, timeout: float) -> tuple[list[d
 
 
 def h200(args, out: Path) -> dict[str, Any]:
-    """verl colocated: k=1 against k=0 per model, per-phase medians (benchmarks/gpu_step.py's)."""
+    """verl colocated: k=1 against k=0 per model. Per launch: the mean step time of steps 2.. (the throughput: async
+    step times alternate, `step_times`), gpu_step.py's per-phase medians, verl's async metrics, start-up and peak
+    memory. A launch that fails is recorded with its log's tail, and the next one still runs."""
     import torch
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine"}
-    from benchmarks import gpu_step
+    from benchmarks import gpu_step, startup_variants
 
     arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
     for name in args.h200_models:
         model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, out)
-        arm[name] = {}
-        for k in (0, 1):
-            lines, wall = gpu_step.run_verl(h200_job(args, k), model, out / f"{name}-k{k}")
-            arm[name][f"k{k}"] = {**gpu_step.step_numbers(lines, args.steps), "wall_s": round(wall, 1)}
-        arm[name]["speedup"] = round(arm[name]["k0"]["step"] / arm[name]["k1"]["step"], 3)
+        runs: dict[str, Any] = {}
+        for k in args.h200_staleness:
+            run_dir = out / f"{name}-k{k}"
+            try:
+                lines, wall, peak = gpu_step.run_verl(h200_job(args, k), model, run_dir)
+            except SystemExit as exc:  # the launch never logged a step: what it printed says why
+                runs[f"k{k}"] = {"error": str(exc)[-2000:], "startup": startup_variants.startup_record(run_dir)}
+                continue
+            record = startup_variants.startup_record(run_dir) or {}
+            runs[f"k{k}"] = {**step_times(lines), **gpu_step.step_numbers(lines, args.steps),
+                             "steps_logged": len(lines), "wall_s": round(wall, 1), "peak_gpu_used_gib": peak,
+                             "launch_to_first_step_s": record.get("launch_to_first_step_s"),
+                             "async": async_medians(lines)}
+        arm[name] = runs
+        if all("mean_step_s" in runs.get(f"k{k}", {}) for k in (0, 1)):
+            arm[name]["speedup"] = round(runs["k0"]["mean_step_s"] / runs["k1"]["mean_step_s"], 3)
     return arm
+
+
+def async_medians(lines: list[dict]) -> dict[str, float]:
+    """Medians over steps 2.. of the async metrics verl's trainer and our plugin log (staleness, version spans,
+    idle seconds): empty at k=0, where verl's sync trainer logs none."""
+    steady = [m for m in lines if m["step"] >= 2] or lines
+    keys = sorted({key for m in steady for key in m if key.startswith(("async/", "training/off_policy/"))
+                   or key in ("timing/generator_idle_s", "timing/trainer_idle_s")})
+    return {key: round(statistics.median(m[key] for m in steady if isinstance(m.get(key), (int, float))), 4)
+            for key in keys if any(isinstance(m.get(key), (int, float)) for m in steady)}
 
 
 def h200_job(args, k: int) -> argparse.Namespace:

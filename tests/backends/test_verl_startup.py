@@ -86,12 +86,24 @@ class VerlLikeTrainer:
     def on_step_end(self):
         self.checkpoint_manager.sleep_replicas()
 
+    def prepare_step(self):
+        return {}
+
+    def on_sample_end(self):
+        pass
+
+    def _update_actor(self, batch, metrics):
+        return batch
+
     def fit(self, validate_before: bool, steps: int, log):
         self.logger = object()
         if validate_before:
             self.on_validate_end()
         self.on_train_begin()
         for step in range(1, steps + 1):
+            self.prepare_step()
+            self.on_sample_end()
+            assert self._update_actor("batch", {}) == "batch"
             self.on_step_end()
             self.on_validate_end()  # a validation at this step: not the one before training
             log({"timing_s/step": 1.0, "training/global_step": step}, step)
@@ -127,7 +139,7 @@ def test_the_trainers_stages_are_marked_in_order_and_the_first_steps_line_comple
         "trainer_constructed", "tokenizer_loaded", "dataloader_built", "resource_pools_created", "workers_spawned",
         "actor_initialized", "reward_workers_started", "rollout_servers_started", "checkpoint_engine_ready",
         "rollout_asleep", "checkpoint_loaded", "weights_synced", "loggers_ready", "validated", "training_started",
-        "first_step_done", "first_step_logged"]
+        "first_batch_queued", "first_rollout_done", "first_update_done", "first_step_done", "first_step_logged"]
     # each phase is the time since the mark before it, named by what ran in it; they add up to the total
     assert list(out["phases"])[:3] == ["cli", "environment_checks", "task_runner_start"]
     assert out["phases"]["cli"] == pytest.approx(1.0, abs=0.01)
@@ -149,7 +161,8 @@ def test_without_validation_before_training_the_loggers_phase_runs_into_training
     trainer.fit(validate_before=False, steps=1, log=_logger(tmp_path).log)
     out = json.loads((tmp_path / startup.FILE).read_text())
     assert "validated" not in out["marks"] and "validation" not in out["phases"]  # the validation at step 1 is a step's
-    assert list(out["phases"])[-3:] == ["train_begin", "first_step", "first_step_log"]
+    assert list(out["phases"])[-6:] == ["train_begin", "first_prepare", "first_rollout", "first_train", "first_step_end",
+                                        "first_step_log"]
 
 
 def test_a_failed_launch_records_where_it_stopped_and_why(clock, tmp_path):
@@ -202,6 +215,11 @@ def test_verls_trainer_still_does_what_the_marks_watch():
     assert order == ["_init_tokenizer", "_init_dataloader", "_load_checkpoint"]
     fit = inspect.getsource(trainer.fit)
     assert fit.index("self.on_validate_end()") < fit.index("self.on_train_begin()") < fit.index("self.on_step_end()")
+    # step 1's marks: the batch queued, its rollouts sampled, the update, in this order inside a step
+    step, once = inspect.getsource(trainer.step), inspect.getsource(trainer._step_once)
+    assert step.index("self.prepare_step()") < step.index("self._step_once(")
+    assert once.index("self.on_sample_end()") < once.index("self._update_actor(")
+    assert fit.index("self.step(") < fit.index("self.on_step_end()")
     run = inspect.getsource(TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__.run)
     assert run.index("trainer_cls(config=config)") < run.index("self.init_agent_loop_manager()")
 

@@ -52,3 +52,14 @@ def test_step_time_is_the_mean_of_an_alternating_series_and_the_speedup_uses_it(
                                     1: [run(alternating, 0.98), run(alternating, 0.97)]})
     assert arm["k1"]["speedup"] == round(1.1 / 0.857, 3) and arm["k1"]["median_step_s"] == 1.2
     assert arm["accuracy_spread_k0"] == 0.01 and arm["within_spread"] == {"k1": True}
+
+
+def test_the_h200_arms_async_metrics_are_medians_of_the_steps_after_the_first():
+    lines = [{"step": 1, "async/staleness/max": 9, "timing/step_s": 30.0},
+             {"step": 2, "async/staleness/max": 1, "training/off_policy/trajectory_spans/mean": 1.5, "x": 3},
+             {"step": 3, "async/staleness/max": 2, "training/off_policy/trajectory_spans/mean": 1.0,
+              "timing/trainer_idle_s": 0.25},
+             {"step": 4, "async/staleness/max": 1, "async/note": "text"}]
+    assert async_training.async_medians(lines) == {
+        "async/staleness/max": 1, "training/off_policy/trajectory_spans/mean": 1.25, "timing/trainer_idle_s": 0.25}
+    assert async_training.async_medians([{"step": 1, "timing/step_s": 1.0}]) == {}

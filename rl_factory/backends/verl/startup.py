@@ -63,7 +63,12 @@ EVENTS = {
     "loggers_ready": "loggers",  # verl's Tracking, our metrics logger among its backends
     "validated": "validation",  # `trainer.val_before_train`
     "training_started": "train_begin",  # re-issued prompts, async warm-up batches
-    "first_step_done": "first_step",  # rollout, reward, old log-probs, update, weight sync of step 1
+    # step 1, split where verl's trainer calls out: what its own timers (`timing_s/*`) leave out shows as the
+    # difference between a phase here and the step's timers
+    "first_batch_queued": "first_prepare",  # the first batch read from the data and queued for the rollout
+    "first_rollout_done": "first_rollout",  # its rollouts sampled from the replay buffer (vLLM put to sleep)
+    "first_update_done": "first_train",  # balance, old log-probs, advantages, the actor's update
+    "first_step_done": "first_step_end",  # the first weight sync (and a checkpoint, where one is due)
     "first_step_logged": "first_step_log",  # step 1's metrics (and any validation at it) computed
 }
 
@@ -295,6 +300,20 @@ class StartupTrainer:
         self._startup_training = True
         mark("training_started")
 
+    def prepare_step(self):
+        out = super().prepare_step()
+        mark("first_batch_queued")  # the first one only: a clock keeps each event's first time
+        return out
+
+    def on_sample_end(self):
+        super().on_sample_end()
+        mark("first_rollout_done")
+
+    def _update_actor(self, *args, **kwargs):
+        out = super()._update_actor(*args, **kwargs)
+        mark("first_update_done")
+        return out
+
     def on_step_end(self):
         super().on_step_end()
-        mark("first_step_done")  # the first one only: a clock keeps each event's first time
+        mark("first_step_done")
