@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--h200-staleness", nargs="+", type=int, default=[1, 0],
                         help="the h200 arm's launches per model, in this order (the async one first: verl's async "
                              "trainer is the part that can fail)")
+    parser.add_argument("--shapes-dir", default=None,
+                        help="where the h200 arm builds (or finds) a shape's weights, e.g. outputs/gpu_suite (gpu_step.py "
+                             "--prepare's): the same path is the same vLLM compile cache entry (default: the runs' "
+                             "temporary directory)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
@@ -188,7 +192,8 @@ def h200(args, out: Path) -> dict[str, Any]:
 
     arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
     for name in args.h200_models:
-        model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, out)
+        shapes = Path(args.shapes_dir) if args.shapes_dir else out
+        model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, shapes)
         runs: dict[str, Any] = {}
         for k in args.h200_staleness:
             run_dir = out / f"{name}-k{k}"

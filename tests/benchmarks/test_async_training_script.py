@@ -11,7 +11,8 @@ from tests.e2e.test_main_scripts import REPO, script_env
 
 
 def args(*extra):
-    return argparse.Namespace(steps=4, batch=4, n=2, overrides=list(extra), timeout=60, h200_models=["tiny"])
+    return argparse.Namespace(steps=4, batch=4, n=2, overrides=list(extra), timeout=60, h200_models=["tiny"],
+                              h200_staleness=[1, 0], shapes_dir=None)
 
 
 @pytest.mark.slow  # composes through main_grpo.sh
