@@ -203,7 +203,9 @@ def h200(args, out: Path) -> dict[str, Any]:
                 runs[f"k{k}"] = {"error": str(exc)[-2000:], "startup": startup_variants.startup_record(run_dir)}
                 continue
             record = startup_variants.startup_record(run_dir) or {}
-            runs[f"k{k}"] = {**step_times(lines), **gpu_step.step_numbers(lines, args.steps),
+            phases = {key: value for key, value in gpu_step.step_numbers(lines, args.steps).items()
+                      if not (isinstance(value, float) and value != value)}  # a phase the job never timed: no NaN
+            runs[f"k{k}"] = {**step_times(lines), **phases,
                              "steps_logged": len(lines), "wall_s": round(wall, 1), "peak_gpu_used_gib": peak,
                              "launch_to_first_step_s": record.get("launch_to_first_step_s"),
                              "async": async_medians(lines)}

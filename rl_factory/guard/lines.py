@@ -63,6 +63,7 @@ class LineGuard:
         self.pending: int | None = None  # a resumed step whose checks run again (its state was not saved)
         self.wants_batch = self.enabled and self.cfg.tokens.action != "off"
         self.horizon = self.cfg.receipts.max_staleness + 2  # steps a line waits for the batch that trains it
+        self.asynchronous = int(run.trainer.max_staleness) > 0  # verl's async trainers (backends/verl/asynchrony.py)
         self.batches: dict[int, dict[str, dict[str, Any]]] = {}  # step -> session_key -> what the actor trained
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # session_key -> (its step, evidence): not yet trained
         self.syncs = Tail(Path(out_dir) / SYNCS_DIR)  # vLLM's own receipts of each weight sync (guard/syncs.py)
@@ -103,9 +104,13 @@ class LineGuard:
         where = [i for i, line in enumerate(lines) if isinstance(line.get("guard"), dict)]
         if not where:
             return {}
-        evidence = [_with_reward(lines[i]) for i in where]
+        evidence = [_with_reward(lines[i], step) for i in where]
         late = self._join(step, evidence, [lines[i] for i in where]) if step in self.batches else []
-        data = StepData(step, metrics=dict(metrics), trajectories=evidence, expected={"version": step - 1}, late=late,
+        # the newest version a line can carry: step s's update lands (version s) before s is logged, and under an
+        # async trainer the rollouts it paused resume with it, so a line that finished in between holds version s
+        newest = step if self.asynchronous else step - 1
+        data = StepData(step, metrics=dict(metrics), trajectories=evidence, late=late,
+                        expected={"version": step - 1, "newest": newest},
                         syncs=[x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else [])
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
 
@@ -147,7 +152,11 @@ class LineGuard:
             self.guard.enforce()
 
 
-def _with_reward(line: dict[str, Any]) -> dict[str, Any]:
+def _with_reward(line: dict[str, Any], step: int) -> dict[str, Any]:
+    """The line's evidence, its reward, and the oldest version it may carry: its prompt was queued at its `step`
+    (verl tags each prompt with the step that queued it), after the update of the step before had landed."""
     reward = line.get("reward")
     finite = reward is None or (isinstance(reward, (int, float)) and math.isfinite(reward))
-    return {**line["guard"], "reward": float(reward) if reward is not None and finite else None, "reward_finite": finite}
+    queued = line.get("step") if isinstance(line.get("step"), int) else step
+    return {**line["guard"], "reward": float(reward) if reward is not None and finite else None, "reward_finite": finite,
+            "oldest_version": queued - 1}

@@ -285,3 +285,25 @@ def test_the_steps_arena_metrics_are_the_groups_lines_summed_as_the_embedded_run
     _step(logger, run, 2, 1.0)
     line = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["arena/judge_calls"] == 99.0 and "arena/ties" not in line
+
+
+def test_a_late_session_joins_its_steps_file_and_a_reissued_one_replaces_the_line_it_had(tmp_path):
+    """An async trainer's session still running when its step was logged writes its line afterwards: the next
+    step's gather puts it into its own step's file; a prompt re-issued after a resume rolls the same session out
+    again, whose new line replaces the old one. Nothing is lost or doubled."""
+    from rl_factory.backends.verl.run_dir import gather, gather_late
+
+    def line(session, reward):
+        return {"sample_index": 3, "session": session, "reward": reward, "turns": []}
+
+    write_part(tmp_path, "train", 1, [line(0, 1.0)])
+    assert [r["session"] for r in gather(tmp_path, "train", 1)] == [0]
+    write_part(tmp_path, "train", 1, [line(1, 0.0)])  # finished after step 1 was logged
+    write_part(tmp_path, "train", 2, [line(0, 0.5)])
+    assert [(r["step"], r["session"]) for r in gather(tmp_path, "train", 2) + gather_late(tmp_path, 2)] == [(2, 0), (1, 1)]
+    write_part(tmp_path, "train", 1, [line(1, 0.25)])  # session 1 again (its prompt re-issued)
+    assert gather_late(tmp_path, 3) == [{**line(1, 0.25), "step": 1}]
+    assert gather_late(tmp_path, 1) == [] and gather_late(tmp_path, 3) == []
+    step_1 = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert [(r["session"], r["reward"]) for r in step_1] == [(0, 1.0), (1, 0.25)]
+    assert not list((tmp_path / "rollouts" / ".parts").glob("*"))

@@ -72,14 +72,42 @@ def gather(out_dir: Path, split: str, step: int) -> list[dict[str, Any]]:
     parts = out_dir / PARTS_DIR / f"{split}_step_{step:06d}"
     if not parts.is_dir():
         return []
+    name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
+    return _merge_parts(parts, out_dir / "rollouts" / name, step)
+
+
+def gather_late(out_dir: Path, step: int) -> list[dict[str, Any]]:
+    """Training lines of steps before `step` that finished after their step was logged (an async trainer: the
+    prompts verl queued at step s are rolled out while step s and later steps train, and a session still running
+    when step s is logged writes its line later). Each goes into its own step's file, `rollouts/step_S.jsonl`
+    (a line's `step` is the step that queued its prompt); returned to be counted and checked at `step`."""
+    late = []
+    parts_dir = out_dir / PARTS_DIR
+    for parts in sorted(parts_dir.glob("train_step_*")) if parts_dir.is_dir() else []:
+        number = parts.name.rpartition("_step_")[2]
+        if number.isdigit() and int(number) < step:
+            late += _merge_parts(parts, out_dir / "rollouts" / f"step_{int(number):06d}.jsonl", int(number))
+    return late
+
+
+def _merge_parts(parts: Path, target: Path, step: int) -> list[dict[str, Any]]:
+    """The part files' lines (of `step`) into `target`, beside the lines it holds: a session's line replaces an
+    earlier one of the same sample and session, as a prompt re-issued after a resume rolls out again. The parts are
+    removed. Returns the parts' lines."""
     # a killed worker can leave half a line: its other lines and the other workers' still count
     lines = [record for part in sorted(parts.glob("*.jsonl")) for record in read_records(part, torn_ok=True)]
-    lines.sort(key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
-    name = f"step_{step:06d}.jsonl" if split == "train" else f"val_step_{step:06d}.jsonl"
-    target = out_dir / "rollouts" / name
-    write_atomic(target, "".join(dumps(r) for r in lines), errors=WRITE_ERRORS)
+    for line in lines:  # the arena's lines are written without it (group.py): the step whose prompt it is
+        line.setdefault("step", step)
+    new = {_session(r) for r in lines}
+    kept = [r for r in read_records(target, torn_ok=True) if _session(r) not in new] if target.exists() else []
+    merged = sorted(kept + lines, key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
+    write_atomic(target, "".join(dumps(r) for r in merged), errors=WRITE_ERRORS)
     shutil.rmtree(parts, ignore_errors=True)
-    return lines
+    return sorted(lines, key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
+
+
+def _session(line: dict[str, Any]) -> tuple[Any, Any]:
+    return line.get("sample_index"), line.get("session")
 
 
 ARENA_MEANS = ("arena/reward_spearman",)  # per-group values the step reports as their mean; every other arena/* is a count
@@ -209,7 +237,8 @@ class RunDirLogger:
         from rl_factory.evaluate import summarize_records
 
         metrics: dict[str, Any] = {}
-        train = gather(self.out_dir, "train", step) if train is None else train
+        if train is None:
+            train = gather(self.out_dir, "train", step) + gather_late(self.out_dir, step)
         self._train = train
         if train:
             metrics.update(summarize_records(train, self.threshold))
