@@ -43,6 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from benchmarks.stamp import how_it_ended  # noqa: E402
 
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
 ARMS = ("cpu_slow_tools", "cpu_fast_tools", "h200")
@@ -71,11 +72,13 @@ def main(argv: list[str] | None = None) -> None:
                              "temporary directory)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--out", default=None, help="where the run directories go (default: a temporary directory)")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args(argv)
     if 0 not in args.staleness:
         parser.error("--staleness must include 0 (the baseline)")
-    out = Path(tempfile.mkdtemp(prefix="async_training-"))
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="async_training-"))
+    out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"benchmark": "async_training", "steps": args.steps, "batch": args.batch, "n": args.n,
                               "seeds": args.seeds, "tool_latency_ms": args.tool_latency_ms,
                               "partial_rollouts": args.partial == "true", "run_dirs": str(out) if args.keep else None}
@@ -209,6 +212,9 @@ def h200(args, out: Path) -> dict[str, Any]:
                              "steps_logged": len(lines), "wall_s": round(wall, 1), "peak_gpu_used_gib": peak,
                              "launch_to_first_step_s": record.get("launch_to_first_step_s"),
                              "async": async_medians(lines)}
+            ended = how_it_ended(run_dir)
+            if ended["exit_code"] != 0:  # stopped early (the guard, a crash, --timeout): why, with its steps
+                runs[f"k{k}"]["ended"] = ended
         arm[name.replace(".", "_")] = runs  # qwen3-0_6b: record paths are dotted (docsgen)
         if all("mean_step_s" in runs.get(f"k{k}", {}) for k in (0, 1)):
             runs["speedup"] = round(runs["k0"]["mean_step_s"] / runs["k1"]["mean_step_s"], 3)

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
 from benchmarks.ceilings import measure_ceiling  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
-from benchmarks.stamp import stamp_lines  # noqa: E402
+from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 
 SHAPES = {  # Qwen3 config fields (hub config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B)
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -195,6 +195,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
                     pass
     writer.join(timeout=10)
     wall = time.perf_counter() - t0
+    (run_dir / ENDED_FILE).write_text(json.dumps({"exit_code": code}) + "\n")
     metrics = run_dir / "metrics.jsonl"
     lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     if code != 0:
@@ -389,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
         # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
         "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
     }
+    ended = how_it_ended(run_dir)
+    if ended["exit_code"] != 0:  # the steps measured are those before it stopped: say why it did
+        result["ended"] = ended
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup
     if (args.shape in BASELINE_STEP_S and args.max_response_tokens == 256 and not args.lora_rank and args.gpus == 1
             and (args.batch, args.n) == (16, 8)):

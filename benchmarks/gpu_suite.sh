@@ -21,6 +21,8 @@
 #   bash benchmarks/gpu_suite.sh trl_vllm    # TRL's GRPOTrainer, vLLM colocated, on compare's job (trl on a path of its own:
 #                                            # installed beside verl it breaks every verl job, and the launcher refuses)
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
+#   bash benchmarks/gpu_suite.sh async tiny|0.6b [ARGS]  # async_training.py's GPU arm: k=1 then k=0, 6 steps each
+#                                            # (ARGS, e.g. --h200-staleness 1: one launch); 0.6b after `prepare_shapes`
 # Ours vs TRL at the Qwen3 shapes (docs/benchmarks.md's table; one 10-minute call each, SHAPE_TIMEOUT s per job):
 #   bash benchmarks/gpu_suite.sh prepare_shapes      # build the 0.6B and 4B shapes once (both sides load these weights)
 #   bash benchmarks/gpu_suite.sh ours_shape 0.6b|4b  # ours on verl: gpu_step.py --shape, 5 steps, no ceilings
@@ -147,6 +149,20 @@ trl_shape() {  # size: TRL on that job and those weights, trl on this command's 
   [ $code = 0 ] || { tail -20 "$name.log"; tail -40 "$name/trl/worker.log" 2>/dev/null; }
   return $code
 }
+ASYNC_TIMEOUT=${ASYNC_TIMEOUT:-280}  # seconds per async launch: two launches (k=1, then k=0) to a 10-minute call
+async_arm() {  # model (tiny|0.6b) [async_training.py options]: its GPU arm, `fast` start-up settings on both launches
+  local model=$1 extra=(); shift
+  case "$model" in
+    tiny) extra=(actor_rollout_ref.rollout.enforce_eager=true) ;;  # the tiny model decodes as fast without graphs
+    0.6b) model=qwen3-0.6b ;;
+    *) echo "async: tiny or 0.6b, not '$model'" >&2; exit 2 ;;
+  esac
+  local fast; fast=$($PY benchmarks/startup_variants.py --overrides fast) || exit 2
+  local cmd=($PY benchmarks/async_training.py --arms h200 --h200-models "$model" --steps 6 --timeout "$ASYNC_TIMEOUT"
+             --keep --out "outputs/gpu_suite/async-$model" --shapes-dir outputs/gpu_suite "$@" $fast "${extra[@]}")
+  if [ "$CHECK" = 1 ]; then echo "async $model: ${cmd[*]}"; return; fi
+  "${cmd[@]}" | tee -a "$RESULTS"
+}
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-270}  # seconds per start-up launch (two to a 10-minute call): a launch stopped
                                          # before its first step still reports its startup.json so far
 startup_part() {  # one launch of a start-up variant; its line has the run's startup.json even if it never trained
@@ -180,6 +196,7 @@ case "${1:-}" in
     for variant in $($PY -c "from benchmarks.startup_variants import VARIANTS; print(*VARIANTS)"); do
       startup_part "$variant"
     done
+    for model in tiny 0.6b; do async_arm $model; done  # printed: the arm's jobs compose in tests/benchmarks
     [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape and start-up variant command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
   startup)
@@ -208,6 +225,7 @@ case "${1:-}" in
     $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 7 --no-ceilings --out outputs/gpu_suite \
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO "${@:2}" >> "$RESULTS"
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
+  async) async_arm "${2:?async tiny|0.6b}" "${@:3}" ;;
   prepare_shapes)
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1 ;;

@@ -136,7 +136,7 @@ def main() -> None:
         return
     run_args = job_args(args.steps, args.turns, args.timeout, manifest, data, args.overrides)
     run_dir = out / f"run-{time.strftime('%H%M%S')}"
-    lines, wall = run_verl(run_args, model, run_dir)
+    lines, wall, _ = run_verl(run_args, model, run_dir)
     numbers = step_numbers(lines, args.steps)
     from rl_factory.jsonl import read_records
 

@@ -7,6 +7,8 @@ where the minutes before the first step go.
 """
 from __future__ import annotations
 
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,23 @@ def stamp_lines(stream: BinaryIO, path: Path, t0: float | None = None) -> None:
         for raw in iter(stream.readline, b""):
             out.write(f"+{time.perf_counter() - t0:7.1f}s {raw.decode('utf-8', 'replace')}")
             out.flush()
+
+
+ENDED_FILE = "bench_ended.json"  # the job's exit code (run_verl), for `how_it_ended`
+
+
+def how_it_ended(run_dir: Path, lines: int = 20) -> dict:
+    """The job's exit code, the run guard's bundles (a stop names its check and step) and the log's last lines that
+    say why a job stopped: a record of a launch that ended early carries its cause, not only its steps."""
+    try:
+        code = json.loads((run_dir / ENDED_FILE).read_text())["exit_code"]
+    except (OSError, ValueError, KeyError):
+        code = None
+    log = run_dir / "bench_stdout.log"
+    text = log.read_text(errors="replace").splitlines() if log.exists() else []
+    why = [line[:400] for line in text if re.search(r"guard:|Error|Traceback|error:", line)][-lines:]
+    return {"exit_code": code, "guard_bundles": sorted(p.name for p in (run_dir / "guard").glob("step_*")),
+            "log_lines": why}
 
 
 if __name__ == "__main__":

@@ -104,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     """The variants, one line each (with --cfg-job: whether each composes with the 0.6B shape)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cfg-job", action="store_true", help="compose each variant's command (no GPU, no Ray)")
+    ap.add_argument("--overrides", action="store_true",
+                    help="print only the variants' overrides, space-separated (for a script's command line)")
     ap.add_argument("variants", nargs="*", default=list(VARIANTS))
     args = ap.parse_args(argv)
+    if args.overrides:
+        print(" ".join(o for name in args.variants for o in overrides(name)))
+        return 0
     failed = 0
     for name in args.variants:
         variant = VARIANTS.get(name) or sys.exit(f"unknown start-up variant {name!r} (known: {', '.join(VARIANTS)})")

@@ -64,3 +64,16 @@ def test_the_h200_arms_async_metrics_are_medians_of_the_steps_after_the_first():
     assert async_training.async_medians(lines) == {
         "async/staleness/max": 1, "training/off_policy/trajectory_spans/mean": 1.25, "timing/trainer_idle_s": 0.25}
     assert async_training.async_medians([{"step": 1, "timing/step_s": 1.0}]) == {}
+
+
+def test_a_launch_that_stopped_early_says_why(tmp_path):
+    from benchmarks.stamp import ENDED_FILE, how_it_ended
+
+    assert how_it_ended(tmp_path) == {"exit_code": None, "guard_bundles": [], "log_lines": []}
+    (tmp_path / ENDED_FILE).write_text('{"exit_code": 3}\n')
+    (tmp_path / "guard" / "step_000002_receipts").mkdir(parents=True)
+    (tmp_path / "bench_stdout.log").write_text(
+        "+  1.0s starting\n+ 90.0s guard: receipts at step 2: 1 of 128 trajectories ... [stop; bundle x]\n+ 90.1s done\n")
+    ended = how_it_ended(tmp_path)
+    assert ended["exit_code"] == 3 and ended["guard_bundles"] == ["step_000002_receipts"]
+    assert ended["log_lines"] == ["+ 90.0s guard: receipts at step 2: 1 of 128 trajectories ... [stop; bundle x]"]
