@@ -3,7 +3,8 @@
     bash main_grpo.sh trainer.backend=verl ... 2>&1 | python benchmarks/stamp.py outputs/run.log
 
 verl's start-up (Ray, FSDP, vLLM's compile and CUDA graphs) prints no times of its own; the stamps say
-where the minutes before the first step go.
+where the minutes before the first step go. `how_it_ended` reads a benchmark job's run directory back: its exit
+code, the run guard's bundles and the log lines that say why it stopped.
 """
 from __future__ import annotations
 
