@@ -150,6 +150,18 @@ trl_shape() {  # size: TRL on that job and those weights, trl on this command's 
   return $code
 }
 ASYNC_TIMEOUT=${ASYNC_TIMEOUT:-280}  # seconds per async launch: two launches (k=1, then k=0) to a 10-minute call
+watch_startup() {  # name: with py-spy installed, stacks of the next launch's processes until its first step
+  # (benchmarks/startup_watch.py: what each start-up phase of startup.json ran); its pid in $STARTUP_WATCHER
+  STARTUP_WATCHER=
+  [ "$CHECK" = 1 ] && return 0
+  command -v py-spy >/dev/null || return 0
+  $PY benchmarks/startup_watch.py --runs outputs/gpu_suite --out "outputs/gpu_suite/startup-stacks/$1" >> "$RESULTS" &
+  STARTUP_WATCHER=$!
+}
+end_watch() {  # the watcher is done at the first step; one still running means the launch never got there
+  [ -n "${STARTUP_WATCHER:-}" ] && { sleep 3; kill "$STARTUP_WATCHER" 2>/dev/null; wait "$STARTUP_WATCHER" 2>/dev/null; }
+  STARTUP_WATCHER=
+}
 async_arm() {  # model (tiny|0.6b) [async_training.py options]: its GPU arm, `fast` start-up settings on both launches
   local model=$1 extra=(); shift
   case "$model" in
@@ -161,15 +173,19 @@ async_arm() {  # model (tiny|0.6b) [async_training.py options]: its GPU arm, `fa
   local cmd=($PY benchmarks/async_training.py --arms h200 --h200-models "$model" --steps 6 --timeout "$ASYNC_TIMEOUT"
              --keep --out "outputs/gpu_suite/async-$model" --shapes-dir outputs/gpu_suite "$@" $fast "${extra[@]}")
   if [ "$CHECK" = 1 ]; then echo "async $model: ${cmd[*]}"; return; fi
+  watch_startup "async-$model"  # the first launch's (k=1)
   "${cmd[@]}" | tee -a "$RESULTS"
+  end_watch
 }
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-270}  # seconds per start-up launch (two to a 10-minute call): a launch stopped
                                          # before its first step still reports its startup.json so far
 startup_part() {  # one launch of a start-up variant; its line has the run's startup.json even if it never trained
   local caches=(--fresh-caches)
   [ "${STARTUP_CACHES:-fresh}" = shared ] && caches=()
+  watch_startup "$1"
   run_line $PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 2 --no-ceilings --timeout "$STARTUP_TIMEOUT" \
       --out outputs/gpu_suite --startup-variant "$1" "${caches[@]}"
+  end_watch
 }
 two_gpu_job() {  # name, two_gpu_checks.py options
   local name=$1; shift
