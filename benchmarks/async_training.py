@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="where the h200 arm builds (or finds) a shape's weights, e.g. outputs/gpu_suite (gpu_step.py "
                              "--prepare's): the same path is the same vLLM compile cache entry (default: the runs' "
                              "temporary directory)")
+    parser.add_argument("--h200-earlier", default=None,
+                        help="a results file (JSON lines) whose latest async_training line on this GPU holds the launches "
+                             "of a model that this invocation does not run (a GPU whose launches do not fit one device "
+                             "call: k=1 in one call, k=0 in the next, on the same machine); the joined record names them")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--out", default=None, help="where the run directories go (default: a temporary directory)")
@@ -215,10 +219,27 @@ def h200(args, out: Path) -> dict[str, Any]:
             ended = how_it_ended(run_dir)
             if ended["exit_code"] != 0:  # stopped early (the guard, a crash, --timeout): why, with its steps
                 runs[f"k{k}"]["ended"] = ended
+        if args.h200_earlier:
+            join_earlier(runs, name, arm["gpu"], Path(args.h200_earlier))
         arm[name.replace(".", "_")] = runs  # qwen3-0_6b: record paths are dotted (docsgen)
         if all("mean_step_s" in runs.get(f"k{k}", {}) for k in (0, 1)):
             runs["speedup"] = round(runs["k0"]["mean_step_s"] / runs["k1"]["mean_step_s"], 3)
     return arm
+
+
+def join_earlier(runs: dict[str, Any], name: str, gpu: str, results: Path) -> None:
+    """The launches of `name` this invocation did not run, from the latest async_training line in `results` made on
+    the same GPU model; each marked `earlier_invocation` with that line's date, commit and command."""
+    key = name.replace(".", "_")
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    for line in reversed(lines):
+        arm = line.get("h200") or {}
+        if line.get("benchmark") != "async_training" or arm.get("gpu") != gpu or key not in arm:
+            continue
+        for launch, record in arm[key].items():
+            if launch.startswith("k") and launch not in runs:
+                runs[launch] = {**record, "earlier_invocation": {key_: line.get(key_) for key_ in ("date", "commit", "command")}}
+        return
 
 
 def async_medians(lines: list[dict]) -> dict[str, float]:

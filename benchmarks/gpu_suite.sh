@@ -22,7 +22,9 @@
 #                                            # installed beside verl it breaks every verl job, and the launcher refuses)
 #   bash benchmarks/gpu_suite.sh long        # 8 turns of ~1k-token observations on the 0.6B shape
 #   bash benchmarks/gpu_suite.sh async tiny|0.6b [ARGS]  # async_training.py's GPU arm: k=1 then k=0, 6 steps each
-#                                            # (ARGS, e.g. --h200-staleness 1: one launch); 0.6b after `prepare_shapes`
+#                                            # (ARGS, e.g. --h200-staleness 1: one launch); 0.6b after `prepare_shapes`;
+#                                            # where two launches do not fit a call: `--h200-staleness 1`, then in the
+#                                            # next call `--h200-staleness 0 --h200-earlier $BENCH_RESULTS_DIR/async_training.jsonl`
 # Ours vs TRL at the Qwen3 shapes (docs/benchmarks.md's table; one 10-minute call each, SHAPE_TIMEOUT s per job):
 #   bash benchmarks/gpu_suite.sh prepare_shapes      # build the 0.6B and 4B shapes once (both sides load these weights)
 #   bash benchmarks/gpu_suite.sh ours_shape 0.6b|4b  # ours on verl: gpu_step.py --shape, 5 steps, no ceilings

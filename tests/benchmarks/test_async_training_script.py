@@ -1,6 +1,7 @@
 """benchmarks/async_training.py on CPU: its GPU arm's verl commands compose (k=1: verl's colocated async
 trainer), and without a GPU that arm says it was skipped."""
 import argparse
+import json
 import subprocess
 
 import pytest
@@ -77,3 +78,21 @@ def test_a_launch_that_stopped_early_says_why(tmp_path):
     ended = how_it_ended(tmp_path)
     assert ended["exit_code"] == 3 and ended["guard_bundles"] == ["step_000002_receipts"]
     assert ended["log_lines"] == ["+ 90.0s guard: receipts at step 2: 1 of 128 trajectories ... [stop; bundle x]"]
+
+
+def test_launches_of_an_earlier_call_on_the_same_gpu_join_the_record(tmp_path):
+    results = tmp_path / "async_training.jsonl"
+    other_gpu = {"benchmark": "async_training", "date": "d0", "commit": "c0", "command": "x",
+                 "h200": {"gpu": "NVIDIA H100 80GB HBM3", "tiny": {"k0": {"mean_step_s": 9.0}}}}
+    same_gpu = {"benchmark": "async_training", "date": "d1", "commit": "c1", "command": "async k=1",
+                "h200": {"gpu": "NVIDIA H200", "tiny": {"k1": {"mean_step_s": 1.0}}}}
+    results.write_text("\n".join(json.dumps(x) for x in (same_gpu, other_gpu)) + "\n")
+    runs = {"k0": {"mean_step_s": 2.0}}
+    async_training.join_earlier(runs, "tiny", "NVIDIA H200", results)
+    # this call's k0 stays; k1 comes from the H200 line, not from the later H100 one, and says where it came from
+    assert runs["k0"] == {"mean_step_s": 2.0}
+    assert runs["k1"] == {"mean_step_s": 1.0,
+                          "earlier_invocation": {"date": "d1", "commit": "c1", "command": "async k=1"}}
+    nothing = {"k0": {"mean_step_s": 2.0}}
+    async_training.join_earlier(nothing, "qwen3-0.6b", "NVIDIA H200", results)
+    assert nothing == {"k0": {"mean_step_s": 2.0}}
