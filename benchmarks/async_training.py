@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--out", default=None, help="where the run directories go (default: a temporary directory)")
-    parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
+    parser.add_argument("--dry-run", action="store_true", help="print the parsed arguments as JSON and stop")
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run (after `--` where an option "
+                                                     "that takes several values comes before them)")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        print(json.dumps(vars(args)))
+        return
     if 0 not in args.staleness:
         parser.error("--staleness must include 0 (the baseline)")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="async_training-"))

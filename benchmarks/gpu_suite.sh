@@ -173,9 +173,9 @@ async_arm() {  # model (tiny|0.6b) [async_training.py options]: its GPU arm, `fa
   esac
   local fast; fast=$($PY benchmarks/startup_variants.py --overrides fast) || exit 2
   local cmd=($PY benchmarks/async_training.py --arms h200 --h200-models "$model" --steps 6 --timeout "$ASYNC_TIMEOUT"
-             --keep --out "outputs/gpu_suite/async-$model" --shapes-dir outputs/gpu_suite "$@" $fast "${extra[@]}")
+             --keep --out "outputs/gpu_suite/async-$model" --shapes-dir outputs/gpu_suite "$@" -- $fast "${extra[@]}")
   if [ "$CHECK" = 1 ]; then echo "async $model: ${cmd[*]}"; return; fi
-  watch_startup "async-$model"  # the first launch's (k=1)
+  [[ " $* " == *" --dry-run "* ]] || watch_startup "async-$model"  # the first launch's
   "${cmd[@]}" | tee -a "$RESULTS"
   end_watch
 }

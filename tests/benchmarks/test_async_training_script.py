@@ -96,3 +96,16 @@ def test_launches_of_an_earlier_call_on_the_same_gpu_join_the_record(tmp_path):
     nothing = {"k0": {"mean_step_s": 2.0}}
     async_training.join_earlier(nothing, "qwen3-0.6b", "NVIDIA H200", results)
     assert nothing == {"k0": {"mean_step_s": 2.0}}
+
+
+def test_gpu_suite_passes_one_launchs_options_before_the_fast_settings(tmp_path):
+    """`gpu_suite.sh async tiny --h200-staleness 1`: the option takes several values, and the start-up settings
+    that follow are overrides, not more of its values."""
+    env = {**script_env(), "RESULTS": str(tmp_path / "results.jsonl")}
+    done = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "async", "tiny", "--h200-staleness", "1", "--dry-run"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    parsed = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("{")))
+    assert parsed["h200_staleness"] == [1] and parsed["h200_models"] == ["tiny"]
+    assert "actor_rollout_ref.rollout.free_cache_engine=false" in parsed["overrides"]
+    assert parsed["overrides"][-1] == "actor_rollout_ref.rollout.enforce_eager=true"
