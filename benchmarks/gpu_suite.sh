@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU measurement the README's verl table reports, on one GPU, one JSON line per measurement.
 # Each group below fits one 10-minute device call (a verl job spends ~5.5 min starting):
-#   bash benchmarks/gpu_suite.sh prepare     # build the builtin tiny model, the random-init shapes and the
-#                                            # long-context warm start once, before the jobs that use them
+#   bash benchmarks/gpu_suite.sh prepare     # compile the bytecode of what verl's processes import, build the builtin
+#                                            # tiny model, the random-init shapes and the long-context warm start
+#                                            # once, before the jobs that use them (bytecode: only the first)
+#   bash benchmarks/gpu_suite.sh bytecode    # only the bytecode step (its line: what still has none after it)
 #   bash benchmarks/gpu_suite.sh step [ARGS] # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
@@ -157,7 +159,7 @@ watch_startup() {  # name: with py-spy installed, stacks of the next launch's pr
   STARTUP_WATCHER=
   [ "$CHECK" = 1 ] && return 0
   command -v py-spy >/dev/null || return 0
-  $PY benchmarks/startup_watch.py --runs outputs/gpu_suite --out "outputs/gpu_suite/startup-stacks/$1" >> "$RESULTS" &
+  $PY benchmarks/startup_watch.py --runs outputs/gpu_suite --out "outputs/gpu_suite/startup-stacks/$1-$(date +%s)" >> "$RESULTS" &
   STARTUP_WATCHER=$!
 }
 end_watch() {  # the watcher is done at the first step; one still running means the launch never got there
@@ -245,12 +247,17 @@ case "${1:-}" in
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
   async) async_arm "${2:?async tiny|0.6b}" "${@:3}" ;;
   prepare_shapes)
+    $PY -m rl_factory.backends.verl.bytecode --compile >> "$RESULTS" || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1 ;;
   ours_shape) ours_shape "${2:?ours_shape 0.6b|4b}" ;;
   trl_shape) trl_shape "${2:?trl_shape 0.6b|4b}"; exit $? ;;
   trl_table) $PY -m docsgen.trl_shapes benchmarks/results "$SHAPE_RECORDS"; exit $? ;;
+  bytecode)  # compile what verl's processes import, once: an environment without bytecode (PYTHONDONTWRITEBYTECODE,
+    # pip --no-compile) compiles it in every process of every launch (rl_factory/backends/verl/bytecode.py)
+    $PY -m rl_factory.backends.verl.bytecode --compile | tee -a "$RESULTS" ;;
   prepare)
+    $PY -m rl_factory.backends.verl.bytecode --compile >> "$RESULTS" || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-4b --out outputs/gpu_suite || exit 1
     $PY benchmarks/long_context.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1 ;;

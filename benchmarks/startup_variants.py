@@ -92,12 +92,21 @@ def compile_cache(env: dict[str, str]) -> str:
 
 
 def startup_record(run_dir: Path) -> dict | None:
-    """The launch's startup.json (None if the launch never reached our TaskRunner's first mark)."""
+    """The launch's startup.json (None if the launch never reached our TaskRunner's first mark), with how much
+    of what its processes import had compiled bytecode (rl_factory/backends/verl/bytecode.py: without it, each
+    process compiles its imports from source)."""
     path = run_dir / "startup.json"
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    from rl_factory.backends.verl.bytecode import survey
+
+    found = survey()
+    record["bytecode"] = {"writes_bytecode": found["writes_bytecode"],
+                          "without": {name: f"{p['without_bytecode']}/{p['modules']}"
+                                      for name, p in found["packages"].items()}}
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

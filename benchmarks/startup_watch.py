@@ -6,7 +6,9 @@
 startup.json (rl_factory/backends/verl/startup.py) says how long each start-up phase took; this says what ran
 in it. Every `--interval` seconds it takes one `py-spy dump` of each process of the job: the launcher
 (`rl_factory.cli`) and each Ray worker process (`ray::TaskRunner`, `ray::WorkerDict`, vLLM's server and engine
-core, TransferQueue's controller and storage units, the agent-loop and reward workers). It stops once a run
+core, TransferQueue's controller and storage units, the agent-loop and reward workers, and `ray::IDLE` workers,
+whose samples are filed under the actor each becomes: a worker's start and its actor class's imports run before
+it takes the actor's name). It stops once a run
 directory under `--runs` made after it started has logged step 1 (or at `--timeout`, or SIGTERM), files each sample under
 the phase its time falls in (that run's startup.json marks), and prints one JSON line: per phase, per process,
 the stacks seen most often (each sample's busiest thread, innermost frames first) with how many samples each
@@ -45,7 +47,7 @@ def job_processes() -> dict[int, str]:
         except OSError:
             continue
         first = argv[0].decode(errors="replace")
-        if first.startswith("ray::") and not first.startswith("ray::IDLE"):
+        if first.startswith("ray::"):  # ray::IDLE: a worker process before its actor's constructor runs
             found[int(proc.name)] = first[5:].split()[0].split(".")[0] or "ray"
         elif b"rl_factory.cli" in argv:
             found[int(proc.name)] = "launcher"
@@ -105,13 +107,24 @@ def phase_at(t: float, marks: dict[str, float]) -> str:
     return "after_last_mark"
 
 
+def final_roles(samples: list[dict]) -> dict[int, str]:
+    """pid -> the role its last sample had: a Ray worker is `IDLE` until its actor's constructor runs (its
+    process start and the imports of the actor's class happen before), then it takes the actor's name."""
+    return {sample["pid"]: sample["role"] for sample in samples}
+
+
 def summarize(samples: list[dict], marks: dict[str, float], top: int) -> dict:
     """phase -> process role -> its sample count, the places its samples are in most often (`where`) and its
-    most frequent innermost stacks."""
+    most frequent innermost stacks. A Ray worker's samples from before its actor started are filed under
+    `<actor> (starting)`; a worker that never became an actor stays `IDLE`."""
+    roles_of = final_roles(samples)
     by_phase: dict[str, dict[str, tuple[collections.Counter, collections.Counter]]] = {}
     for sample in samples:
         roles = by_phase.setdefault(phase_at(sample["t"], marks), {})
-        places, stacks = roles.setdefault(sample["role"], (collections.Counter(), collections.Counter()))
+        role = sample["role"]
+        if role == "IDLE" and roles_of.get(sample["pid"], "IDLE") != "IDLE":
+            role = f"{roles_of[sample['pid']]} (starting)"
+        places, stacks = roles.setdefault(role, (collections.Counter(), collections.Counter()))
         places[sample["where"]] += 1
         stacks[" < ".join(sample["stack"][:FRAMES])] += 1
     return {phase: {role: {"samples": sum(places.values()),

@@ -71,7 +71,11 @@ def _verl_checks(run, raw_overrides: list[str]) -> str:
         gpus = ""
     except ConfigError as exc:
         gpus = f"; warning: a run started here would stop: {exc}"
-    return "verl validated its config (validate_config, its workers' dataclasses and assertions, unknown keys)" + gpus
+    from rl_factory.backends.verl import bytecode
+
+    slow = bytecode.finding(bytecode.survey())
+    return ("verl validated its config (validate_config, its workers' dataclasses and assertions, unknown keys)"
+            + gpus + (f"; warning: {slow}" if slow else ""))
 
 
 @check("run directory", needs=("trainer",))

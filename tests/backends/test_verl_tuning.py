@@ -208,11 +208,28 @@ def test_replicas_are_gpus_over_a_replicas_size_and_share_the_steps_trajectories
     assert _rollout_concurrency(cfg) == 16 * 8 // replicas
 
 
+@pytest.mark.parametrize("mode, warmup, batches", [("sync", 0, 1), ("colocate_async", 1, 2), ("separate_async", 2, 3),
+                                                   ("colocate_async", 0.5, 1.5)])
+def test_an_async_trainer_decodes_its_warmup_batches_beside_the_steps_own(mode, warmup, batches):
+    """verl queues `num_warmup_batches` more batches at the start and refills them after each step: the graphs
+    and the KV cache are sized for all of them."""
+    from omegaconf import OmegaConf
+
+    from rl_factory.backends.verl.config import _rollout_concurrency
+
+    cfg = OmegaConf.create({"trainer": {"n_gpus_per_node": 1, "nnodes": 1,
+                                        "v1": {"trainer_mode": mode, mode: {"num_warmup_batches": warmup}}},
+                            "data": {"train_batch_size": 16},
+                            "actor_rollout_ref": {"rollout": {"n": 8, "tensor_model_parallel_size": 1}}})
+    assert _rollout_concurrency(cfg) == 16 * 8 * batches
+
+
 @pytest.mark.parametrize("argv, replicas, top_graph", [
     (["--gpus", "1"], 1, 128),                               # the one-GPU baseline: 16 x 8 on one replica
     (["--gpus", "2", "--tp", "1", "--batch", "32"], 2, 128),  # twice the prompts over two replicas
     (["--gpus", "2", "--tp", "2", "--batch", "32"], 1, 256),  # one replica over both GPUs
     (["--gpus", "2", "--tp", "1"], 2, 64),                    # the same 16 x 8 over two replicas
+    (["--gpus", "1", "trainer.max_staleness=1"], 1, 256),    # async k=1: the step's batch and one more at once
 ])
 @pytest.mark.slow  # composes verl's config, per case
 def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, monkeypatch, argv, replicas, top_graph):

@@ -51,7 +51,11 @@ def test_the_record_is_the_runs_startup_json(tmp_path):
     assert startup_variants.startup_record(tmp_path) is None  # a launch that never reached the TaskRunner
     record = {"complete": True, "launch_to_first_step_s": 150.0, "phases": {"cli": 5.0}, "marks": {}}
     (tmp_path / "startup.json").write_text(json.dumps(record))
-    assert startup_variants.startup_record(tmp_path) == record
+    read = startup_variants.startup_record(tmp_path)
+    # with how much of what the launch's processes import had bytecode (rl_factory/backends/verl/bytecode.py)
+    bytecode = read.pop("bytecode")
+    assert read == record
+    assert isinstance(bytecode["writes_bytecode"], bool) and "verl" in bytecode["without"]
 
 
 def test_the_listing_names_each_variant_with_what_it_cuts_and_costs(capsys):

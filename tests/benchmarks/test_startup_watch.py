@@ -31,12 +31,22 @@ def test_the_busiest_thread_is_the_one_holding_the_gil():
 
 
 def test_summary_counts_samples_per_phase_and_process():
-    samples = [{"t": 130.0, "role": "TaskRunner", "where": "init (transfer_queue/interface.py:200)",
+    samples = [{"t": 130.0, "role": "TaskRunner", "pid": 1, "where": "init (transfer_queue/interface.py:200)",
                 "stack": ["a", "b"]}] * 3 + [
-               {"t": 200.0, "role": "EngineCore", "where": "compile (vllm/compilation/backends.py:9)",
+               {"t": 200.0, "role": "EngineCore", "pid": 2, "where": "compile (vllm/compilation/backends.py:9)",
                 "stack": ["c"]},
-               {"t": 200.0, "role": "TaskRunner", "where": "get (ray/_private/worker.py:1)", "stack": ["d"]}]
+               {"t": 200.0, "role": "TaskRunner", "pid": 1, "where": "get (ray/_private/worker.py:1)", "stack": ["d"]}]
     summary = summarize(samples, MARKS, top=2)
     assert summary["transfer_queue"]["TaskRunner"] == {
         "samples": 3, "where": [["init (transfer_queue/interface.py:200)", 3]], "stacks": [["a < b", 3]]}
     assert set(summary["rollout_servers"]) == {"EngineCore", "TaskRunner"}
+
+
+def test_a_workers_samples_before_its_actor_started_are_filed_under_that_actor():
+    samples = [{"t": 130.0, "role": "IDLE", "pid": 7, "where": "<module> (vllm/config/model.py:30)", "stack": ["i"]},
+               {"t": 131.0, "role": "IDLE", "pid": 8, "where": "main_loop (ray/_private/worker.py:1)", "stack": ["w"]},
+               {"t": 200.0, "role": "WorkerDict", "pid": 7, "where": "init (verl/workers/x.py:1)", "stack": ["a"]}]
+    summary = summarize(samples, MARKS, top=2)
+    assert summary["transfer_queue"]["WorkerDict (starting)"]["where"] == [["<module> (vllm/config/model.py:30)", 1]]
+    assert "IDLE" in summary["transfer_queue"]  # pid 8 never became an actor
+    assert summary["rollout_servers"]["WorkerDict"]["samples"] == 1

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 ASYNC_MODES = ("colocate_async", "separate_async")
 
@@ -54,6 +54,15 @@ def async_values(ours: Any) -> dict[str, Any]:
                 threshold if correction.type == "tis" else f"{1.0 / threshold}_{threshold}",
         })
     return values
+
+
+def batches_in_flight(cfg: DictConfig) -> float:
+    """Batches verl's rollout decodes at once: the step's own, and under an async trainer its warm-up batches
+    (`num_warmup_batches`, queued beside it at the start and refilled after every step)."""
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    if mode not in ASYNC_MODES:
+        return 1.0
+    return 1.0 + max(0.0, float(OmegaConf.select(cfg, f"trainer.v1.{mode}.num_warmup_batches") or 0))
 
 
 def staleness(cfg: DictConfig) -> int | str:

@@ -227,6 +227,15 @@ def check_rollout_engine(cfg: DictConfig) -> None:
                           "verl backend with `bash setup.sh --verl` (pip install -e '.[verl]': verl with vLLM)")
 
 
+def warn_bytecode() -> None:
+    """One line where verl's processes would compile their imports from source at every launch (bytecode.py)."""
+    from rl_factory.backends.verl import bytecode
+
+    line = bytecode.finding(bytecode.survey())
+    if line:
+        log.warning(line)
+
+
 def check_trl() -> None:
     """verl's FSDP workers import trl's AutoModelForCausalLMWithValueHead whenever trl is importable
     (verl/models/transformers/monkey_patch.py, from trl.experimental.ppo or trl); trl 1.16 has it in neither
@@ -290,6 +299,7 @@ def run(cfg: DictConfig, run_dir: Any = None, clock: startup.Clock | None = None
     check_gpus(cfg)
     check_rollout_engine(cfg)
     check_trl()
+    warn_bytecode()
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     set_aside_earlier(out_dir)  # this launch's engines count their weight syncs from 1 (guard/syncs.py)
     if run_dir is not None:
