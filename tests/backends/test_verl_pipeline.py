@@ -275,6 +275,21 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
     slower.trainer.v1.sampler.sampler_kwargs = {"rl_factory": {"poll_interval_s": 0.5}}  # +...poll_interval_s=0.5
     assert sampler_values(slower, set())["trainer.v1.sampler.sampler_kwargs.rl_factory"]["poll_interval_s"] == 0.5
 
+    # verl's async trainers (trainer.max_staleness > 0): its staleness-bounded sampler, with the same poll
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    from rl_factory.backends.verl.sampler import PollingReplayBufferAsync
+
+    async_cfg, _ = verl_setup("trainer.max_staleness=1")
+    ours_async = _verls_replay_buffer(async_cfg)
+    verls_async = OmegaConf.create(OmegaConf.to_container(async_cfg))
+    verls_async.trainer.v1.sampler.custom_sampler.path = verls_async.trainer.v1.sampler.custom_sampler.name = None
+    theirs_async = _verls_replay_buffer(verls_async)
+    assert type(ours_async) is PollingReplayBufferAsync and type(theirs_async) is ReplayBufferAsync
+    assert (ours_async.poll_interval, theirs_async.poll_interval) == (POLL_INTERVAL_S, 2.0)
+    assert ours_async.max_off_policy_threshold == 2 and ours_async.max_off_policy_strategy == "wait"
+    assert {k: getattr(ours_async, k) for k in same} == {k: getattr(theirs_async, k) for k in same}
+
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
     tq.init(cfg.transfer_queue)
     try:
