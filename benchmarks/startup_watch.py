@@ -8,13 +8,13 @@ in it. Every `--interval` seconds it takes one `py-spy dump` of each process of 
 (`rl_factory.cli`) and each Ray worker process (`ray::TaskRunner`, `ray::WorkerDict`, vLLM's server and engine
 core, TransferQueue's controller and storage units, the agent-loop and reward workers, and `ray::IDLE` workers,
 whose samples are filed under the actor each becomes: a worker's start and its actor class's imports run before
-it takes the actor's name). It stops once a run
-directory under `--runs` made after it started has logged step 1 (or at `--timeout`, or SIGTERM), files each sample under
-the phase its time falls in (that run's startup.json marks), and prints one JSON line: per phase, per process,
-the stacks seen most often (each sample's busiest thread, innermost frames first) with how many samples each
-holds, and the innermost frame of our code, verl's, vLLM's, TransferQueue's, transformers' or Ray's each sample is
-in (`where`: below library internals, what the phase is spent on). The samples themselves are kept in `<out>/samples.jsonl`. Needs py-spy (on the lent GPU machine it
-travels with the verl stack).
+it takes the actor's name). It stops once a run directory under `--runs` made after it started has logged step 1
+(or at `--timeout`, or SIGTERM), files each sample under the phase its time falls in (that run's startup.json
+marks), and prints one JSON line: per phase, per process, the stacks seen most often (each sample's busiest
+thread, innermost frames first) with how many samples each holds, and the innermost frame of our code, verl's,
+vLLM's, TransferQueue's, transformers' or Ray's each sample is in (`where`: below library internals, what the
+phase is spent on). The samples themselves are kept in `<out>/samples.jsonl`. Needs py-spy (on the lent GPU
+machine it travels with the verl stack).
 """
 from __future__ import annotations
 
