@@ -241,9 +241,10 @@ def join_earlier(runs: dict[str, Any], name: str, gpu: str, results: Path) -> No
         arm = line.get("h200") or {}
         if line.get("benchmark") != "async_training" or arm.get("gpu") != gpu or key not in arm:
             continue
+        earlier = {field: line.get(field) for field in ("date", "commit", "command")}
         for launch, record in arm[key].items():
             if launch.startswith("k") and launch not in runs:
-                runs[launch] = {**record, "earlier_invocation": {key_: line.get(key_) for key_ in ("date", "commit", "command")}}
+                runs[launch] = {**record, "earlier_invocation": earlier}
         return
 
 

@@ -241,6 +241,13 @@ def _verls_replay_buffer(cfg):
     return PPOTrainer._build_replay_buffer(trainer)
 
 
+def _ours_and_verls(cfg):
+    """The replay buffer verl builds from `cfg` (ours), the one it builds without our sampler, and that config."""
+    builtin = OmegaConf.create(OmegaConf.to_container(cfg))
+    builtin.trainer.v1.sampler.custom_sampler.path = builtin.trainer.v1.sampler.custom_sampler.name = None
+    return _verls_replay_buffer(cfg), _verls_replay_buffer(builtin), builtin
+
+
 def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, verl_setup):
     """verl's sync sampler polls TransferQueue every 2 s, so a rollout phase lasted a whole number of polls
     (4.07 s on the H200 for 0.44B and 4B models alike). verl's own builder makes ours from the composed
@@ -253,10 +260,7 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
     from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
 
     cfg, _ = verl_setup()
-    ours = _verls_replay_buffer(cfg)
-    builtin = OmegaConf.create(OmegaConf.to_container(cfg))
-    builtin.trainer.v1.sampler.custom_sampler.path = builtin.trainer.v1.sampler.custom_sampler.name = None
-    theirs = _verls_replay_buffer(builtin)
+    ours, theirs, builtin = _ours_and_verls(cfg)
     assert type(ours) is PollingReplayBuffer and type(theirs) is ReplayBuffer
     assert (ours.poll_interval, theirs.poll_interval) == (POLL_INTERVAL_S, 2.0)
     same = ("trainer_mode", "max_off_policy_threshold", "max_off_policy_strategy", "filter_groups_metric",
@@ -280,11 +284,7 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
 
     from rl_factory.backends.verl.sampler import PollingReplayBufferAsync
 
-    async_cfg, _ = verl_setup("trainer.max_staleness=1")
-    ours_async = _verls_replay_buffer(async_cfg)
-    verls_async = OmegaConf.create(OmegaConf.to_container(async_cfg))
-    verls_async.trainer.v1.sampler.custom_sampler.path = verls_async.trainer.v1.sampler.custom_sampler.name = None
-    theirs_async = _verls_replay_buffer(verls_async)
+    ours_async, theirs_async, _ = _ours_and_verls(verl_setup("trainer.max_staleness=1")[0])
     assert type(ours_async) is PollingReplayBufferAsync and type(theirs_async) is ReplayBufferAsync
     assert (ours_async.poll_interval, theirs_async.poll_interval) == (POLL_INTERVAL_S, 2.0)
     assert ours_async.max_off_policy_threshold == 2 and ours_async.max_off_policy_strategy == "wait"
