@@ -153,7 +153,8 @@ trl_shape() {  # size: TRL on that job and those weights, trl on this command's 
   [ $code = 0 ] || { tail -20 "$name.log"; tail -40 "$name/trl/worker.log" 2>/dev/null; }
   return $code
 }
-ASYNC_TIMEOUT=${ASYNC_TIMEOUT:-280}  # seconds per async launch: two launches (k=1, then k=0) to a 10-minute call
+ASYNC_TIMEOUT=${ASYNC_TIMEOUT:-280}  # seconds per async launch: two to a 10-minute call where a launch starts in
+                                     # under ~4 min (on the H200 one took 268-318 s: one a call, --h200-earlier)
 watch_startup() {  # name: with py-spy installed, stacks of the next launch's processes until its first step
   # (benchmarks/startup_watch.py: what each start-up phase of startup.json ran); its pid in $STARTUP_WATCHER
   STARTUP_WATCHER=
