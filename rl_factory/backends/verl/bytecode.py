@@ -88,14 +88,15 @@ def compile_packages(packages: tuple[str, ...] = PACKAGES, workers: int = 0) -> 
     """compileall over each installed package (workers=0: every core); the survey after it."""
     import compileall
 
-    failed, compiled = [], [name for name in packages if package_dirs(name)]
-    for name in compiled:
-        for root in package_dirs(name):
+    installed = {name: dirs for name in packages if (dirs := package_dirs(name))}
+    failed = []
+    for name, dirs in installed.items():
+        for root in dirs:
             # quiet=2: a module that does not compile (a template, a py2 leftover) is skipped, not fatal;
             # compileall writes bytecode even where PYTHONDONTWRITEBYTECODE is set
             if not compileall.compile_dir(str(root), quiet=2, workers=workers):
                 failed.append(name)
-    return {"compiled": compiled, "some_modules_did_not_compile": sorted(set(failed)), **survey(packages)}
+    return {"compiled": list(installed), "some_modules_did_not_compile": sorted(set(failed)), **survey(packages)}
 
 
 def main(argv: list[str] | None = None) -> None:

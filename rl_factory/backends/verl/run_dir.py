@@ -100,14 +100,18 @@ def _merge_parts(parts: Path, target: Path, step: int) -> list[dict[str, Any]]:
         line.setdefault("step", step)
     new = {_session(r) for r in lines}
     kept = [r for r in read_records(target, torn_ok=True) if _session(r) not in new] if target.exists() else []
-    merged = sorted(kept + lines, key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
-    write_atomic(target, "".join(dumps(r) for r in merged), errors=WRITE_ERRORS)
+    lines.sort(key=_order)
+    write_atomic(target, "".join(dumps(r) for r in sorted(kept + lines, key=_order)), errors=WRITE_ERRORS)
     shutil.rmtree(parts, ignore_errors=True)
-    return sorted(lines, key=lambda r: (r.get("sample_index", 0), r.get("session", 0)))
+    return lines
 
 
 def _session(line: dict[str, Any]) -> tuple[Any, Any]:
     return line.get("sample_index"), line.get("session")
+
+
+def _order(line: dict[str, Any]) -> tuple[Any, Any]:
+    return line.get("sample_index", 0), line.get("session", 0)
 
 
 ARENA_MEANS = ("arena/reward_spearman",)  # per-group values the step reports as their mean; every other arena/* is a count
