@@ -11,7 +11,8 @@ extension, rl_factory/backends/verl/vllm_receipts.py):
   received     what the sync sent, tensor by tensor in arrival order
   held_after   the weights after the sync
 
-and appends one JSON line per sync to `<run>/engine_syncs/<host>-<pid>.jsonl`. The receipts check
+and appends one JSON line per sync to `<run>/engine_syncs/<host>-<pid>.jsonl`, with the worker's whole sync
+(`seconds`: receiving, loading and the receipts) and the receipts' own part of it (`receipts_seconds`). The receipts check
 (rl_factory/guard/checks/receipts.py) names a sync that sent new weights (`received` differs from the engine's
 previous sync, or it is its first) and left the held weights as they were (`held_after == held_before`). A sync
 that sent the same tensors as the last one (an update too small to move a bf16 weight) is not judged: holding
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from rl_factory.guard.checks.receipts import sums_fingerprint
+from rl_factory.guard.checks.receipts import device_sum, sums_fingerprint
 
 log = logging.getLogger("rl_factory")
 
@@ -53,12 +54,14 @@ class SyncRecorder:
         self._before: str | None = None
         self._sums: list = []
         self._started = 0.0
+        self._own = 0.0  # seconds the receipts themselves took in this sync (in `seconds`, the whole sync's)
 
     def begin(self, model: Any) -> None:
         if self.path is None:
             return
         self._started = time.perf_counter()
         self._before, self._sums = self._fingerprint(model), []
+        self._own = time.perf_counter() - self._started
 
     def received(self, tensors: Iterable[Any]) -> None:
         """One bucket's tensors, while they are still valid (the receiver reuses its buffer for the next bucket)."""
@@ -66,14 +69,18 @@ class SyncRecorder:
             return
         import torch
 
+        started = time.perf_counter()
         try:
             with torch.no_grad():
-                sums = [torch.sum(t.detach(), dtype=torch.float64).reshape(1) for t in tensors]
+                sums = [device_sum(t.detach()).reshape(1) for t in tensors]
+                if sums and sums[0].is_cuda:  # the receiver synchronizes next anyway: the wait counts as ours
+                    torch.cuda.synchronize(sums[0].device)
         except Exception as exc:  # noqa: BLE001 - a dtype sum() refuses: no receipts, the sync itself goes on
             self._give_up(exc)
             return
         if sums:
             self._sums.append(torch.cat(sums))  # kept on the device: one transfer at the end
+        self._own += time.perf_counter() - started
 
     def end(self, model: Any, adapter: bool = False, **extra: Any) -> dict[str, Any] | None:
         """The sync's line (also returned); `adapter`: the sync loaded a LoRA adapter, not the base weights."""
@@ -81,6 +88,7 @@ class SyncRecorder:
             return None
         import torch
 
+        started = time.perf_counter()
         try:
             sums = torch.cat([s.cpu() for s in self._sums]) if self._sums else torch.zeros(0, dtype=torch.float64)
         except Exception as exc:  # noqa: BLE001
@@ -88,11 +96,13 @@ class SyncRecorder:
             return None
         received = hashlib.blake2b(sums.numpy().tobytes(), digest_size=8).hexdigest()
         after = self._fingerprint(model)
+        ended = time.perf_counter()
         self.count += 1
         line = {"engine": self.engine, "sync": self.count, "time": time.time(), "tensors": int(sums.numel()),
                 "held_before": self._before, "received": received, "held_after": after, "adapter": bool(adapter),
                 "sent_changed": self.last_received is None or received != self.last_received,
-                "seconds": round(time.perf_counter() - self._started, 4), **extra}
+                "seconds": round(ended - self._started, 4), "receipts_seconds": round(self._own + ended - started, 4),
+                **extra}
         self.last_received, self._before, self._sums = received, None, []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,26 @@ def test_the_engines_receipts_tell_a_landed_sync_from_one_that_left_the_weights(
     assert not unlanded(adapter)
     lines = [json.loads(x) for x in (tmp_path / "host-1.jsonl").read_text().splitlines()]
     assert [x["sync"] for x in lines] == [1, 2, 3] and lines[2]["received"] != lines[1]["received"]
+    assert all(0 < x["receipts_seconds"] <= x["seconds"] for x in lines)  # the receipts' part of the whole sync
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_device_sum_reads_half_precision_in_float32_partials_and_still_sees_one_ulp(dtype):
+    from rl_factory.guard.checks.receipts import device_sum
+
+    torch.manual_seed(0)
+    for numel in (64 * 16, 64 * 1000 + 37, 151 * 1024):  # whole partials, a tail, an embedding-like row count
+        t = (torch.randn(numel) * 0.02).to(dtype)
+        exact = t.double().sum().item()
+        total = device_sum(t)
+        assert total.dtype == torch.float64 and abs(total.item() - exact) <= 1e-9 * t.double().abs().sum().item()
+        assert device_sum(t.clone()).item() == total.item()  # the same values, the same bits
+        for index in (0, numel // 2, numel - 1):  # one ulp up, in a partial and in the tail
+            moved = t.clone()
+            moved[index] = torch.nextafter(t[index].float(), torch.tensor(1.0)).to(dtype)
+            if moved[index] == t[index]:  # the float32 neighbour rounds back: step by the dtype's own ulp
+                moved[index] = (t[index].float() + t[index].float().abs() * torch.finfo(dtype).eps).to(dtype)
+            assert moved[index] != t[index] and device_sum(moved).item() != total.item()
 
 
 def test_a_sync_that_does_not_land_stops_the_run_and_its_bundle_replays(tmp_path):

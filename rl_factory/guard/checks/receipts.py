@@ -54,8 +54,27 @@ def sums_fingerprint(model) -> str:
         if all(p.device.type == "cpu" for p in params):
             sums = np.array([_numpy(p).sum(dtype=np.float64) for p in params], dtype=np.float64)
         else:  # one transfer for all the sums
-            sums = torch.stack([torch.sum(p.detach(), dtype=torch.float64) for p in params]).cpu().numpy()
+            sums = torch.stack([device_sum(p.detach()) for p in params]).cpu().numpy()
     return hashlib.blake2b(sums.tobytes(), digest_size=8).hexdigest()
+
+
+PARTIAL = 64  # values per float32 partial sum: one bf16 ulp of any of them still moves its partial
+
+
+def device_sum(t):
+    """The float64 sum of one device tensor, without the float64 copy of it that `torch.sum(t, dtype=float64)`
+    makes for a bf16/fp16 tensor (8 bytes written and read per value: 1.2 GB for Qwen3's bf16 embedding, a spike
+    in a vLLM worker whose KV cache has the rest of the GPU). Float32 partials of 64 values (torch reduces half
+    precision into float32 without a copy), then their float64 sum: deterministic for the same tensor, and a
+    change of one ulp of one value still moves it."""
+    import torch
+
+    if t.dtype not in (torch.bfloat16, torch.float16) or t.numel() < 16 * PARTIAL:
+        return torch.sum(t, dtype=torch.float64)
+    flat = t.reshape(-1)
+    whole = flat.numel() // PARTIAL * PARTIAL
+    total = torch.sum(torch.sum(flat[:whole].view(-1, PARTIAL), dim=1, dtype=torch.float32), dtype=torch.float64)
+    return total + torch.sum(flat[whole:], dtype=torch.float64) if whole < flat.numel() else total
 
 
 def adapter_layers(model) -> list:
@@ -122,11 +141,13 @@ class ReceiptsCheck(Check):
             from rl_factory.guard.syncs import unlanded
 
             missed = [line for line in data.syncs if unlanded(line)]
-            costs = [float(line["seconds"]) for line in data.syncs if isinstance(line.get("seconds"), (int, float))]
             metrics.update({"guard/receipts/engine_syncs": float(len(data.syncs)),
                             "guard/receipts/engine_unlanded": float(len(missed))})
-            if costs:
-                metrics["guard/receipts/engine_sync_s"] = max(costs)
+            # the longest sync a worker took, and the longest time its receipts took inside one
+            for key, field in (("engine_sync_s", "seconds"), ("cost_s", "receipts_seconds")):
+                times = [float(line[field]) for line in data.syncs if isinstance(line.get(field), (int, float))]
+                if times:
+                    metrics[f"guard/receipts/{key}"] = max(times)
             if missed:
                 first = missed[0]
                 return metrics, self.finding(data, (
