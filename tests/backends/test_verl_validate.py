@@ -64,6 +64,10 @@ BAD = [
     (["+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my_pkg.ext.MyExtension"],
      "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my_pkg.ext.MyExtension: no module "
      "'my_pkg.ext' on this machine"),
+    # numbers verl passes on unchecked: vLLM refuses the share when its server starts; no epoch trains nothing
+    (["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"],
+     "actor_rollout_ref.rollout.gpu_memory_utilization=1.5: must be a number in (0, 1]"),
+    (["actor_rollout_ref.actor.ppo_epochs=0"], "actor_rollout_ref.actor.ppo_epochs=0: must be an integer >= 1"),
     # a value verl's RolloutConfig refuses when a worker converts the slice
     (["actor_rollout_ref.rollout.mode=sync"],
      "verl rejects actor_rollout_ref.rollout: Rollout mode 'sync' has been removed"),

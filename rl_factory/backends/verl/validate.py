@@ -9,7 +9,10 @@ verl checks its config in four places, the last three minutes into a run:
 - assertions in those workers: a vLLM replica's GPUs divide the GPUs, the log-prob batching matches the
   actor's, and a mini-batch splits over the data-parallel ranks (at the first update, after a rollout);
 - nowhere, for a key verl never reads: `+actor_rollout_ref.rollout.gpu_memory_utilisation=0.5` is
-  composed, printed and ignored.
+  composed, printed and ignored;
+- nowhere, for most numbers: `actor_rollout_ref.rollout.gpu_memory_utilization=1.5` reaches vLLM, which
+  refuses it when its server starts, and `actor_rollout_ref.actor.ppo_epochs=0` trains nothing, silently.
+  `VERL_VALUE_RULES` gives the numbers users set on verl their ranges, as rl_factory/config_rules.py does ours.
 
 `--cfg job`, `--doctor` and the launcher (launcher.run) call this one function, so each of these errors
 costs seconds. Each is a ConfigError of one line that names the key.
@@ -33,6 +36,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl_factory.config import CONFIG_DIR, ConfigError, closest_key_hint
+from rl_factory.config_rules import Range, at_least, check_values, positive
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -40,6 +44,30 @@ log = logging.getLogger("rl_factory.verl")
 # there that is not a field of its dataclass fails that conversion.
 CONVERTED = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
              "actor_rollout_ref.model", "critic", "distillation")
+# verl's numbers that a user sets (ours map onto most of them, already checked; a raw key given wins) and
+# what verl, vLLM and the run can work with. A key the composed config lacks is not checked.
+_ROLLOUT, _ACTOR = "actor_rollout_ref.rollout.", "actor_rollout_ref.actor."
+VERL_VALUE_RULES = {
+    "data.train_batch_size": at_least(1), "data.max_prompt_length": at_least(1),
+    "data.max_response_length": at_least(1),
+    "trainer.n_gpus_per_node": at_least(1), "trainer.nnodes": at_least(1), "trainer.total_epochs": at_least(1),
+    "trainer.total_training_steps": at_least(1, nullable=True), "reward.num_workers": at_least(1),
+    _ROLLOUT + "n": at_least(1), _ROLLOUT + "gpu_memory_utilization": Range(float, 0, 1, open_low=True),
+    _ROLLOUT + "temperature": at_least(0, float), _ROLLOUT + "top_p": Range(float, 0, 1, open_low=True),
+    _ROLLOUT + "top_k": at_least(-1),  # -1 (or 0): no top-k
+    _ROLLOUT + "max_num_seqs": at_least(1), _ROLLOUT + "max_num_batched_tokens": at_least(1),
+    _ROLLOUT + "tensor_model_parallel_size": at_least(1), _ROLLOUT + "data_parallel_size": at_least(1),
+    _ROLLOUT + "agent.num_workers": at_least(1), _ROLLOUT + "max_model_len": at_least(1, nullable=True),
+    _ROLLOUT + "checkpoint_engine.update_weights_bucket_megabytes": at_least(1),
+    _ROLLOUT + "val_kwargs.n": at_least(1), _ROLLOUT + "val_kwargs.temperature": at_least(0, float),
+    _ROLLOUT + "val_kwargs.top_p": Range(float, 0, 1, open_low=True),
+    _ACTOR + "ppo_epochs": at_least(1), _ACTOR + "ppo_mini_batch_size": at_least(1),
+    _ACTOR + "ppo_max_token_len_per_gpu": at_least(1), _ACTOR + "optim.lr": at_least(0, float),
+    _ACTOR + "optim.weight_decay": at_least(0, float), _ACTOR + "optim.lr_warmup_steps": at_least(-1),
+    _ACTOR + "grad_clip": positive(), _ACTOR + "clip_ratio": at_least(0, float),
+    _ACTOR + "clip_ratio_low": at_least(0, float), _ACTOR + "clip_ratio_high": at_least(0, float),
+    _ACTOR + "kl_loss_coef": at_least(0, float),
+}
 # verl's messages that name no full key -> the keys they are about.
 # nodes verl passes as keyword arguments to a function: their keys are its parameters (run_ppo: ray.init(**ray_init))
 KWARGS_OF = {"ray_kwargs.ray_init": "ray.init"}
@@ -67,6 +95,7 @@ def check_verl_config(cfg: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     check_keys(cfg)
+    check_values(cfg, VERL_VALUE_RULES)
     cfg = _checkable(cfg)
     with warnings.catch_warnings():  # need_critic warns whenever the answer is no
         warnings.simplefilter("ignore")
