@@ -17,7 +17,31 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from typing import Any
+
+
+LEFTOVER_WAIT_S = 20  # seconds a finished job's processes get to leave the GPU
+
+
+def gpu_processes() -> list[int]:
+    """The pids of every process holding a context on the GPUs ([] without nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(x) for x in out.split() if x.strip().isdigit()]
+
+
+def wait_gone(probe, seconds: float):
+    """`probe()` again every 0.5 s until it returns nothing or `seconds` pass; what it last returned."""
+    deadline = time.time() + seconds
+    left = probe()
+    while left and time.time() < deadline:
+        time.sleep(0.5)
+        left = probe()
+    return left
 
 
 def gpu_index() -> str:

@@ -186,9 +186,9 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
             proc.wait()
             code = "timeout"
             # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch
-            from benchmarks.two_gpu_checks import LEFTOVER_WAIT_S, _wait_gone, gpu_processes
+            from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, wait_gone
 
-            for pid in _wait_gone(gpu_processes, LEFTOVER_WAIT_S):
+            for pid in wait_gone(gpu_processes, LEFTOVER_WAIT_S):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:

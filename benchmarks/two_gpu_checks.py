@@ -40,12 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, wait_gone  # noqa: E402
 from benchmarks.gpu_step import _select  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
 SERVER_MODULE = "envs.servers.calculator"
 MARK_VAR = "RLF_RUN_MARK"
-LEFTOVER_WAIT_S = 20
 GPU_FREE_WAIT_S = 60
 
 
@@ -137,24 +137,6 @@ def session_processes(sid: int) -> list[int]:
     return out
 
 
-def gpu_processes() -> list[int]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(x) for x in out.split() if x.strip().isdigit()]
-
-
-def _wait_gone(probe, seconds: float):
-    deadline = time.time() + seconds
-    left = probe()
-    while left and time.time() < deadline:
-        time.sleep(0.5)
-        left = probe()
-    return left
-
-
 # ---- one launch ---------------------------------------------------------------------------------------
 
 def launch(command: list[str], out: Path, run_dir: Path, marker: str, name: str, deadline: float,
@@ -187,9 +169,9 @@ def launch(command: list[str], out: Path, run_dir: Path, marker: str, name: str,
     writer.join(timeout=10)
     result.update(exit_code=code, wall_s=round(time.perf_counter() - t0, 1), servers_seen=seen)
     result["left"] = {
-        "servers": sorted(_wait_gone(lambda: marked_servers(marker), LEFTOVER_WAIT_S)),
-        "session": _wait_gone(lambda: session_processes(proc.pid), LEFTOVER_WAIT_S),
-        "gpu": _wait_gone(gpu_processes, GPU_FREE_WAIT_S),
+        "servers": sorted(wait_gone(lambda: marked_servers(marker), LEFTOVER_WAIT_S)),
+        "session": wait_gone(lambda: session_processes(proc.pid), LEFTOVER_WAIT_S),
+        "gpu": wait_gone(gpu_processes, GPU_FREE_WAIT_S),
     }
     for pid in result["left"]["gpu"] + result["left"]["session"]:  # a leftover must not spoil the next launch
         try:

@@ -5,11 +5,11 @@ machine, commit and date. Older records stay in the files and in git; the page s
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from docsgen import trl_shapes
+from docsgen.records import fmt, get, load, machine_text  # noqa: F401 - load: the page's records, for its callers
 
 # The columns each benchmark's table shows: (header, dotted path into the record). A benchmark without an
 # entry shows its top-level numbers.
@@ -122,22 +122,6 @@ earlier hand-written tables name their source. What each field means: the script
 """
 
 
-def load(directory: Path) -> dict[str, list[dict[str, Any]]]:
-    """benchmark name -> its records in file order; a line that is not JSON is an error naming file and line."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(directory.glob("*.jsonl")):
-        records = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
-        out[path.stem] = records
-    return out
-
-
 def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The newest record of each (command, machine), in the order those first appear."""
     newest: dict[tuple[str, str], dict[str, Any]] = {}
@@ -148,50 +132,11 @@ def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(newest.values())
 
 
-def get(record: dict[str, Any], path: str) -> Any:
-    """The value at a dotted path; `a.b|a.c`: the first of the paths the record has (a key renamed over time)."""
-    if "|" in path:
-        return next((v for v in (get(record, alt) for alt in path.split("|")) if v is not None), None)
-    node: Any = record
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, list):
-        return " / ".join(fmt(v) for v in value)
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {fmt(v)}" for k, v in value.items())
-    return str(value)
-
-
 def cell(record: dict[str, Any], paths: str) -> str:
     values = [get(record, p) for p in paths.split(",")]
     if all(v is None for v in values):
         return ""
     return " / ".join(fmt(v) for v in values).replace("|", "\\|")
-
-
-def machine_text(m: dict[str, Any]) -> str:
-    if not m:
-        return ""
-    if isinstance(m, str):
-        return m
-    parts = [str(m.get("cpu", "")) + (" (AVX-512)" if m.get("avx512") else ""), f"{m.get('cores', '?')} cores"]
-    if m.get("gpu"):
-        parts.insert(0, f"{m.get('gpus', 1)}x {m['gpu']}")
-    return ", ".join(p for p in parts if p)
 
 
 def load_text(record: dict[str, Any]) -> str:

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from docsgen.records import fmt, load, machine_text
+from docsgen.records import get as get_path
+
 SHAPES = ("qwen3-0.6b", "qwen3-4b")
 JOB_KEYS = ("prompts", "n", "max_response_tokens", "max_total_tokens", "max_turns", "lr")
 MISSING = "not measured yet"
@@ -64,14 +67,10 @@ def pair(records: dict[str, list[dict[str, Any]]], shape: str) -> tuple[dict | N
 
 
 def get(record: dict[str, Any] | None, path: str) -> Any:
-    from docsgen.benchmarks_page import get as get_path  # (that module imports this one)
-
     return get_path(record, path) if record else None
 
 
 def num(value: Any) -> str:
-    from docsgen.benchmarks_page import fmt
-
     return "-" if value is None else value if isinstance(value, str) else fmt(value)
 
 
@@ -93,7 +92,6 @@ def tokens_per_trajectory(ours: dict | None) -> float | None:
 
 
 def row(shape: str, ours: dict | None, trl: dict | None) -> list[str]:
-    from docsgen.benchmarks_page import machine_text
 
     if ours is None and trl is None:
         return [shape, MISSING] + [""] * (len(HEAD) - 2)
@@ -130,8 +128,6 @@ def table(records: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from docsgen.benchmarks_page import load
-
     merged: dict[str, list[dict[str, Any]]] = {}
     for directory in sys.argv[1:] or ["benchmarks/results"]:
         for name, rows in load(Path(directory)).items() if Path(directory).is_dir() else []:
