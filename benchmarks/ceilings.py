@@ -122,6 +122,37 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+# issue-level targets for one GPU at the 0.6B shape: each phase against its ceiling measured in the same run
+TARGETS = {"step_vs_serial_limit": ("max", 1.6), "generate_vs_vllm": ("min", 0.85),
+           "update_vs_forward_backward": ("min", 0.7), "weight_sync_s": ("max", 0.15)}
+
+
+def ratios(phases: dict, step_s: float, vllm: dict, train: dict) -> dict:
+    """Each phase against its ceiling, the step against the serial limit (vLLM alone without log-probs, then
+    plain forward+backward: the least a step that generates and then trains could take), and which targets hold.
+
+    `phases`: gpu_step.py's (generate / old_log_prob / update with `tokens_per_s`, update_weights with `s`)."""
+    def ratio(ours, ceiling):
+        return ours / ceiling if ours is not None and ceiling else None
+
+    forward_backward = train.get("forward_backward", {})
+    parts = (vllm.get("without_logprobs", {}).get("seconds"), forward_backward.get("seconds"))
+    serial = sum(parts) if all(p is not None for p in parts) else None
+    out = {
+        "generate_vs_vllm": ratio(phases["generate"].get("tokens_per_s"), vllm.get("tokens_per_s")),
+        "old_log_prob_vs_forward": ratio(phases["old_log_prob"].get("tokens_per_s"),
+                                         train.get("forward", {}).get("tokens_per_s"))
+        if phases["old_log_prob"].get("mode") == "recompute" else None,
+        "update_vs_forward_backward": ratio(phases["update"].get("tokens_per_s"), forward_backward.get("tokens_per_s")),
+        "serial_limit_s": serial,
+        "step_vs_serial_limit": ratio(step_s, serial),
+    }
+    measured = {**out, "weight_sync_s": (phases.get("update_weights") or phases.get("weight_sync") or {}).get("s")}
+    out["targets_met"] = {key: (measured[key] <= bound if side == "max" else measured[key] >= bound)
+                          for key, (side, bound) in TARGETS.items() if measured[key] is not None}
+    return out
+
+
 CEILINGS = {"vllm": ceiling_vllm, "train": ceiling_train}
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
-from benchmarks.ceilings import measure_ceiling  # noqa: E402
+from benchmarks.ceilings import measure_ceiling, ratios  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 
@@ -409,15 +409,7 @@ def main(argv: list[str] | None = None) -> None:
                                           "token_budget": result["tuned"]["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
                                           or 16384}, out)
         result["ceilings"] = {"vllm_generate": vllm, **train}
-        ratio = lambda ours, ceil: ours / ceil if ceil else None  # noqa: E731
-        result["ratio_to_ceiling"] = {
-            "generate_vs_vllm": ratio(result["phases"]["generate"]["tokens_per_s"], vllm.get("tokens_per_s")),
-            "old_log_prob_vs_forward": ratio(result["phases"]["old_log_prob"]["tokens_per_s"],
-                                             train.get("forward", {}).get("tokens_per_s"))
-            if result["phases"]["old_log_prob"]["mode"] == "recompute" else None,
-            "update_vs_forward_backward": ratio(result["phases"]["update"]["tokens_per_s"],
-                                                train.get("forward_backward", {}).get("tokens_per_s")),
-        }
+        result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train)
     emit("gpu_step", result)
 
 

@@ -1,0 +1,43 @@
+"""benchmarks/ceilings.py's ratios: each phase of a gpu_step record against the ceilings measured in the same run,
+the step against the serial limit, and which of the GPU targets hold. The numbers are the H200's 0.6B record of
+2026-12-05 (step 3.61 s) beside the ceilings of 2026-12-04 (vLLM 1.92 s with log-probs, 1.53 s without;
+forward+backward 0.69 s), on 40,463 tokens a step."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.ceilings import ratios
+
+TOKENS, GENERATED = 40463, 31591
+
+
+def phases(update_weights_s: float, mode: str = "update") -> dict:
+    return {"generate": {"s": 2.127, "tokens_per_s": GENERATED / 2.127},
+            "old_log_prob": {"s": 0.043, "mode": mode, "tokens_per_s": TOKENS / 0.043},
+            "update": {"s": 1.084, "tokens_per_s": TOKENS / 1.084}, "update_weights": {"s": update_weights_s}}
+
+
+VLLM = {"seconds": 1.92, "tokens_per_s": GENERATED / 1.92, "without_logprobs": {"seconds": 1.53}}
+TRAIN = {"forward_backward": {"seconds": 0.69, "tokens_per_s": TOKENS / 0.69},
+         "forward": {"seconds": 0.25, "tokens_per_s": TOKENS / 0.25}}
+
+
+def test_each_phase_is_set_beside_its_ceiling_and_the_step_beside_the_serial_limit():
+    out = ratios(phases(0.26), 3.611, VLLM, TRAIN)
+    assert out["generate_vs_vllm"] == pytest.approx(1.92 / 2.127)
+    assert out["update_vs_forward_backward"] == pytest.approx(0.69 / 1.084)
+    assert out["old_log_prob_vs_forward"] is None  # `update` mode runs no forward: no ceiling
+    assert out["serial_limit_s"] == pytest.approx(1.53 + 0.69)
+    assert out["step_vs_serial_limit"] == pytest.approx(3.611 / 2.22)
+    # 1.63x the limit, generation at 0.90 of vLLM, the update at 0.64, a 0.26-s sync: only generation holds
+    assert out["targets_met"] == {"step_vs_serial_limit": False, "generate_vs_vllm": True,
+                                  "update_vs_forward_backward": False, "weight_sync_s": False}
+
+
+def test_a_run_that_meets_every_target_says_so_and_a_missing_ceiling_judges_nothing():
+    fast = {**phases(0.12, mode="recompute"), "update": {"s": 0.9, "tokens_per_s": TOKENS / 0.9}}
+    assert all(ratios(fast, 3.3, VLLM, TRAIN)["targets_met"].values())
+    assert ratios(fast, 3.3, VLLM, TRAIN)["old_log_prob_vs_forward"] == pytest.approx(0.25 / 0.043)
+    failed = ratios(phases(0.12), 3.3, {"error": "vLLM did not start"}, TRAIN)  # a ceiling that failed to run
+    assert failed["generate_vs_vllm"] is None and failed["serial_limit_s"] is None
+    assert set(failed["targets_met"]) == {"update_vs_forward_backward", "weight_sync_s"}
