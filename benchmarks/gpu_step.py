@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
 from benchmarks.ceilings import measure_ceiling, ratios  # noqa: E402
+from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402,F401 - their users import them here too
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 
@@ -208,40 +208,6 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     return [m for m in lines if m["step"] >= 1], wall, device.result()
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def measured(lines: list[dict], until: int) -> list[dict]:
-    """Steps 2..until (step 1 compiles and captures graphs; steps after `until` ran under a profiler)."""
-    return [m for m in lines if 2 <= m["step"] <= until] or lines
-
-
-def step_numbers(lines: list[dict], until: int) -> dict:
-    """Median per-phase seconds and token counts over steps 2..until."""
-    steady = measured(lines, until)
-    phases = {"generate": "timing/rollout_s", "old_log_prob": "timing/old_log_prob_s", "update": "timing/update_s",
-              "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s",
-              "slowest_trajectory": "timing/slowest_trajectory_s"}
-    out = {name: _median([m[key] for m in steady if key in m]) for name, key in phases.items()}
-    out["total_tokens"] = _median([m["perf/total_num_tokens"] for m in steady if "perf/total_num_tokens" in m])
-    out["all_step_s"] = [round(m.get("timing/step_s", float("nan")), 3) for m in lines]
-    # verl's V1 trainer logs the actor's peak memory as actor/perf/*, the legacy trainer as perf/*
-    for name in ("max_memory_allocated_gb", "max_memory_reserved_gb"):
-        out[name] = max((m.get(f"actor/perf/{name}", m.get(f"perf/{name}", 0)) for m in lines), default=0)
-    return out
-
-
-def step_ends(log: Path, launched: float) -> dict[int, float]:
-    """step -> unix time its metrics line was printed (verl's console logger: `step:N - ...`, stamped)."""
-    ends = {}
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        found = re.match(r"\+\s*([0-9.]+)s .*?\bstep:(\d+) - ", line)
-        if found:
-            ends[int(found.group(2))] = round(launched + float(found.group(1)), 1)
-    return ends
-
-
 def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     """Per-trajectory prompt / generated / total tokens of the measured steps (our rollouts files)."""
     from rl_factory.jsonl import read_records
@@ -285,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fresh-caches", action="store_true",
                     help="empty vLLM / Inductor / Triton compile caches for this launch: a first launch's start-up")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_step"))
+    ap.add_argument("--earlier", default=None, metavar="RESULTS",
+                    help="a gpu_step.jsonl: report medians over this launch and its newest record of the same job on "
+                         "this GPU model (benchmarks/launches.py)")
     ap.add_argument("overrides", nargs="*", help="more main_grpo.sh overrides (ours or raw verl keys)")
     return ap
 
@@ -365,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
                 "max_turns": args.max_turns, "lr": args.lr}, "overrides": list(args.overrides),
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
+        "per_step": numbers["per_step"],
         # wall-clock ends of the steps: jobs on one GPU (gpu_suite.sh compare) show from these whether their
         # measured steps overlapped
         "launched_unix": round(launched, 1), "step_end_unix": step_ends(run_dir / "bench_stdout.log", launched),
@@ -410,6 +380,12 @@ def main(argv: list[str] | None = None) -> None:
                                           or 16384}, out)
         result["ceilings"] = {"vllm_generate": vllm, **train}
         result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train)
+    if args.earlier:  # the headline numbers over this launch and the last one of the same job (launches.py)
+        from benchmarks.launches import earlier_launch, join
+        from benchmarks.record import machine
+
+        earlier = earlier_launch(result, machine().get("gpu"), Path(args.earlier))
+        result = join(result, earlier) if earlier else {**result, "launches": 1, "earlier_missing": args.earlier}
     emit("gpu_step", result)
 
 

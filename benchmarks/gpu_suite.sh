@@ -7,7 +7,9 @@
 #   bash benchmarks/gpu_suite.sh bytecode    # only the bytecode step (its line: what still has none after it)
 #   bash benchmarks/gpu_suite.sh step [ARGS] # 0.6B shape: phases vs vLLM / forward / forward+backward ceilings
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
-#                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16)
+#                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16); the
+#                                            # second launch, in the next call: step --earlier $BENCH_RESULTS_DIR/gpu_step.jsonl
+#                                            # (medians over both launches' steps: benchmarks/launches.py)
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
 #                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:

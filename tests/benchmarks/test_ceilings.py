@@ -4,6 +4,9 @@ the step against the serial limit, and which of the GPU targets hold. The number
 forward+backward 0.69 s), on 40,463 tokens a step."""
 from __future__ import annotations
 
+import json
+import statistics
+
 import pytest
 
 from benchmarks.ceilings import ratios
@@ -41,3 +44,37 @@ def test_a_run_that_meets_every_target_says_so_and_a_missing_ceiling_judges_noth
     failed = ratios(phases(0.12), 3.3, {"error": "vLLM did not start"}, TRAIN)  # a ceiling that failed to run
     assert failed["generate_vs_vllm"] is None and failed["serial_limit_s"] is None
     assert set(failed["targets_met"]) == {"update_vs_forward_backward", "weight_sync_s"}
+
+
+# ---- one record over two launches (benchmarks/launches.py) -------------------------------------------------------
+
+def launch_record(step_s: list[float], update_s: list[float], gpu: str = "NVIDIA H200", **job) -> dict:
+    per_step = {"step": step_s, "generate": [2.1] * len(step_s), "old_log_prob": [0.04] * len(step_s),
+                "update": update_s, "update_weights": [0.26] * len(step_s), "total_tokens": [TOKENS] * len(step_s)}
+    return {"benchmark": "gpu_step", "date": "2026-12-05T13:08:01+00:00", "commit": "06179fed523c",
+            "command": "gpu_step.py --shape qwen3-0.6b", "machine": {"gpu": gpu}, "shape": "qwen3-0.6b", "batch": 16,
+            "n": 8, "steps": 5, "measured_steps": [2, 3, 4, 5], "overrides": [], **job, "per_step": per_step,
+            "step_s": statistics.median(step_s), "phases": phases(0.26)}
+
+
+def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is_joined(tmp_path):
+    from benchmarks.launches import earlier_launch, join
+
+    first = launch_record([3.5, 3.6, 3.7, 3.6], [1.0, 1.1, 1.0, 1.1])
+    other_gpu = launch_record([9.0] * 4, [9.0] * 4, gpu="NVIDIA H100 80GB HBM3")
+    other_job = launch_record([9.0] * 4, [9.0] * 4, batch=32)
+    unjoinable = {**launch_record([9.0] * 4, [9.0] * 4), "per_step": None}  # a record from before per-step numbers
+    results = tmp_path / "gpu_step.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (first, other_gpu, other_job, unjoinable)))
+    this = {key: value for key, value in launch_record([3.8, 3.9, 3.8, 4.0], [1.2, 1.2, 1.3, 1.2]).items()
+            if key not in ("benchmark", "date", "commit", "command", "machine")}
+    this["ceilings"] = {"vllm_generate": VLLM, **TRAIN}
+    assert earlier_launch(this, "NVIDIA H200", results) == first
+    assert earlier_launch(this, "NVIDIA A100", results) is None
+    joined = join(this, first)
+    assert joined["launches"] == 2 and joined["earlier_invocation"]["commit"] == "06179fed523c"
+    assert joined["step_s"] == pytest.approx(statistics.median([3.5, 3.6, 3.7, 3.6, 3.8, 3.9, 3.8, 4.0]))
+    assert joined["phases"]["update"]["s"] == pytest.approx(1.15)  # the median of both launches' eight steps
+    assert joined["this_launch"]["step_s"] == pytest.approx(3.85)
+    assert joined["ratio_to_ceiling"]["update_vs_forward_backward"] == pytest.approx(0.69 / 1.15)
+    assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)

@@ -1,0 +1,55 @@
+"""One gpu_step.py record over two launches of the same job: `--earlier RESULTS` joins this launch with the newest
+record in RESULTS (a gpu_step.jsonl) of the same job on the same GPU model.
+
+A launch's steady steps vary with what the machine did while it started (vLLM's graphs, the allocator's first
+segments), so one launch's medians can sit apart from the next one's. The joined record's headline numbers are the
+medians of the measured steps of both launches together (each launch's own `per_step`), its ratios those medians
+against this launch's ceilings; `this_launch` keeps this launch's own, `earlier_invocation` names the other's date,
+commit and command. Two launches rarely fit one 10-minute device call, so each runs in a call of its own.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ceilings import ratios
+
+# what makes two launches the same job (the command line may differ in --out, --timeout and --earlier)
+SAME_JOB = ("model", "shape", "agent_loop", "lora_rank", "gpus", "tp", "batch", "n", "steps", "measured_steps", "job",
+            "overrides", "startup_variant")
+PHASES = ("generate", "old_log_prob", "update", "update_weights")
+
+
+def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:
+    """The newest gpu_step record in `results` of the job `result` ran, on the GPU model `gpu`, that has per-step
+    numbers (a record made before they were kept cannot be joined)."""
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    for line in reversed(lines):
+        if (line.get("benchmark") == "gpu_step" and (line.get("machine") or {}).get("gpu") == gpu
+                and all(line.get(key) == result.get(key) for key in SAME_JOB) and line.get("per_step")):
+            return line
+    return None
+
+
+def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """`result` with its headline numbers over both launches (see the module docstring)."""
+    both = {name: [*earlier["per_step"][name], *result["per_step"][name]] for name in result["per_step"]}
+    medians = {name: statistics.median(values) for name, values in both.items() if values}
+    tokens = statistics.fmean(both["total_tokens"]) if both.get("total_tokens") else None
+    generated = [r["phases"]["generate"].get("generated_tokens") for r in (earlier, result)]
+    generated_tokens = statistics.fmean(generated) if all(g is not None for g in generated) else None
+    phases = {name: dict(result["phases"][name]) for name in PHASES}
+    for name in PHASES:
+        phases[name]["s"] = medians.get(name)
+    phases["generate"]["tokens_per_s"] = generated_tokens / medians["generate"] if generated_tokens else None
+    for name in ("old_log_prob", "update"):
+        phases[name]["tokens_per_s"] = tokens / medians[name] if tokens and medians.get(name) else None
+    joined = {**result, "launches": 2, "step_s": medians["step"], "phases": {**result["phases"], **phases},
+              "this_launch": {key: result.get(key) for key in ("step_s", "phases", "ratio_to_ceiling") if key in result},
+              "earlier_invocation": {key: earlier.get(key) for key in ("date", "commit", "command", "step_s")}}
+    ceilings = result.get("ceilings") or {}
+    if "vllm_generate" in ceilings:
+        joined["ratio_to_ceiling"] = ratios(joined["phases"], medians["step"], ceilings["vllm_generate"], ceilings)
+    return joined
