@@ -47,7 +47,7 @@ def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
     for name in ("old_log_prob", "update"):
         phases[name]["tokens_per_s"] = tokens / medians[name] if tokens and medians.get(name) else None
     joined = {**result, "launches": 2, "step_s": medians["step"], "phases": {**result["phases"], **phases},
-              "this_launch": {key: result.get(key) for key in ("step_s", "phases", "ratio_to_ceiling") if key in result},
+              "this_launch": {key: result[key] for key in ("step_s", "phases", "ratio_to_ceiling") if key in result},
               "earlier_invocation": {key: earlier.get(key) for key in ("date", "commit", "command", "step_s")}}
     ceilings = result.get("ceilings") or {}
     if "vllm_generate" in ceilings:

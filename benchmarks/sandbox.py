@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import emit  # noqa: E402
 from envs.servers.cgroups import RunCgroups  # noqa: E402
-from envs.servers.isolation import probe_namespaces  # noqa: E402
+from envs.servers.probe import probe_namespaces  # noqa: E402
 from envs.servers.python_sandbox import SandboxConfig, run_code  # noqa: E402
 from envs.servers.runner import RUNNER  # noqa: E402
 

@@ -24,7 +24,7 @@ _EXPORTS = {
     "register_parser": "envs.parsers",
     "ToolEnv": "envs.tool_env",
     "ToolLimits": "envs.limits",
-    "load_function": "envs.functions",
+    "load_function": "envs.function_tools",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -5,7 +5,7 @@
       - {function: my_pkg.tools:search, timeout_s: 5, cache: {ttl_s: 600}}
 
 An entry may also name a tool class of qwen-agent's or Agent-R1's shape (envs.tool_classes), which runs
-through the same call path below.
+through the same call path below; envs/function_tools.py imports each entry and builds its tool.
 
 The input schema comes from the type hints through the MCP SDK's own `func_metadata`, so a
 function gets the same `input_schema` it would get served by an `MCPServer`; the Google-style
@@ -26,24 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import inspect
 import logging
 import re
-import sys
 import threading
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp.types import CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
-from envs.manifest import PROJECT_ROOT, FunctionSpec, Manifest, ManifestError
+from envs.manifest import FunctionSpec, ManifestError
 from envs.mcp_client import ToolCallError
 from rl_factory.base.usercode import await_contained, contain
-from rl_factory.base.imports import import_file
 
 logger = logging.getLogger(__name__)
 
@@ -115,63 +111,6 @@ class FunctionTool:
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
         # Called inside the task, so even a SystemExit the call itself raises is contained.
         return await (self.fn(**kwargs) if self._is_async else _in_daemon_thread(self.fn, kwargs))
-
-
-def load_function_tools(manifest: Manifest) -> list[FunctionTool]:
-    """Import every function of the manifest; ManifestError names the entry that fails."""
-    from envs.tool_classes import class_tool  # a tool class (qwen-agent, Agent-R1) rather than a function
-
-    tools = []
-    for i, spec in enumerate(manifest.functions):
-        where = f"{manifest.source}: functions[{i}] ({spec.function!r})"
-        try:
-            fn = load_function(spec.function, manifest.base_dir, import_roots=[manifest.repo, PROJECT_ROOT])
-        except ManifestError as err:
-            raise ManifestError(f"{where}: {err}") from None
-        try:
-            tool = class_tool(spec, fn)
-            if tool is None and spec.cfg is not None:
-                raise ManifestError(f"{spec.function}: cfg is for tool classes; a function takes none")
-            tools.append(tool or FunctionTool(spec, fn))
-        except ManifestError as err:
-            raise ManifestError(f"{where}: {str(err).split(': ', 1)[-1]}") from None
-    return tools
-
-
-def load_function(ref: str, base_dir: Path | None = None,
-                  import_roots: Sequence[Path | None] = ()) -> Callable[..., Any]:
-    """"pkg.module:fn" or "path/file.py:fn" -> the function; ManifestError says what is wrong.
-
-    `import_roots` are appended to sys.path (lowest priority, so nothing is shadowed): the same
-    roots a stdio server gets on its PYTHONPATH, so `examples.x.tools:fn` imports from any cwd.
-    """
-    from envs.tool_classes import QWEN_AGENT_TARGET, is_tool_object, registered_tool
-
-    target, _, name = ref.rpartition(":")
-    if target == QWEN_AGENT_TARGET:
-        return registered_tool(name)
-    for root in import_roots:
-        if root is not None and str(root) not in sys.path:
-            sys.path.append(str(root))
-    try:
-        module = _import_file(target, base_dir) if target.endswith(".py") else importlib.import_module(target)
-    except ManifestError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - user code may raise anything on import
-        raise ManifestError(f"cannot import {target!r}: {_describe(exc)}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn) and not is_tool_object(fn):
-        raise ManifestError(f"{target!r} has no function {name!r}")
-    return fn
-
-
-def _import_file(target: str, base_dir: Path | None):
-    candidates = [base_dir / target] if base_dir is not None and not Path(target).is_absolute() else []
-    path = next((p for p in [*candidates, Path(target)] if p.is_file()), None)
-    if path is None:
-        looked = ", ".join(str(p.resolve()) for p in [*candidates, Path(target)])
-        raise ManifestError(f"file not found: {target} (looked at {looked})")
-    return import_file(path, "_rlf_tools")
 
 
 def build_tool(fn: Callable[..., Any], meta: FuncMetadata) -> Tool:

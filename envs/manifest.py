@@ -55,7 +55,8 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, V
 
 from envs.knobs import CacheSpec, RestartPolicy, cache_shorthand
 from envs.launch_line import PROJECT_ROOT, git_root, listing_of, resolve_stdio
-from envs.manifest_file import ManifestError, read_manifest_file
+from envs.manifest_error import ManifestError
+from envs.manifest_file import read_manifest_file
 from rl_factory.base.secrets import Substitution, masked_mapping, protect, redact, server_secrets
 from envs.templates import check_server
 
@@ -270,7 +271,8 @@ def load_manifest(manifest: str | os.PathLike | Mapping | None) -> Manifest:
         source, raw, repo, base_dir = "<config>", dict(manifest), None, None
     else:
         path = Path(manifest)
-        source, raw, repo, base_dir = str(manifest), read_manifest_file(path), git_root(path), path.resolve().parent
+        source, raw = str(manifest), read_manifest_file(path, _check_entry)
+        repo, base_dir = git_root(path), path.resolve().parent
     substitutions: list[Substitution] = []
     raw = _interpolate(raw, source, (), substitutions)
     try:
@@ -308,6 +310,14 @@ def _interpolate(value: Any, source: str, path: tuple, found: list[Substitution]
         raise ManifestError(f"{source}: {where}: environment variable '{name}' is not set")
 
     return _ENV_VAR.sub(substitute, value)
+
+
+def _check_entry(servers: dict[str, Any], functions: Any, where: str) -> None:
+    """One entry of RL-Factory's list (envs.manifest_formats) validated as a manifest of its own."""
+    try:
+        _ManifestModel.model_validate({"mcpServers": servers, "functions": functions})
+    except ValidationError as err:
+        raise ManifestError(f"{where}: {_describe(err)}") from None
 
 
 def _describe(err: ValidationError) -> str:

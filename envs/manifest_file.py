@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from envs.manifest_formats import from_entries, is_webui_spec, read_pydata
-from rl_factory.base.errors import UserError
+from envs.manifest_error import ManifestError
+from envs.manifest_formats import EntryCheck, from_entries, is_webui_spec, read_pydata
 
 # libyaml's loader where PyYAML has it: the pure-Python one reads a 1 MiB manifest in 10 s.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -23,12 +23,9 @@ MAX_EXPANDED_VALUES = 200_000  # lists and mappings and their entries, after YAM
 MAX_DEPTH = 64
 
 
-class ManifestError(UserError, ValueError):
-    """An unusable tool manifest; the message names the file and the offending key."""
-
-
-def read_manifest_file(path: Path) -> Any:
-    """The manifest file's contents as a mapping (`{}` for an empty file), not yet validated."""
+def read_manifest_file(path: Path, check_entry: EntryCheck) -> Any:
+    """The manifest file's contents as a mapping (`{}` for an empty file), not yet validated as a whole; each entry of
+    RL-Factory's list is validated on its own by `check_entry` (envs.manifest's model), so an error names it."""
     if not path.is_file():
         raise ManifestError(f"tool manifest not found: {path} (looked at {path.resolve()})")
     text = path.read_text(encoding="utf-8")
@@ -46,7 +43,7 @@ def read_manifest_file(path: Path) -> Any:
     if data is None:
         return {}
     if isinstance(data, list) or path.suffix == ".pydata":  # RL-Factory's list of entries (or one of them)
-        return from_entries(data if isinstance(data, list) else [data], str(path))
+        return from_entries(data if isinstance(data, list) else [data], str(path), check_entry)
     if is_webui_spec(data):
         raise ManifestError(f"{path}: this is RL-Factory's WebUI tool spec (prompts and tools as inline pythonCode), "
                             "not a manifest; serve the tools from an MCP server or list them under functions "

@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import ast
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from envs.manifest_error import ManifestError
 
 logger = logging.getLogger("envs.manifest")
 
 QWEN_AGENT_TARGET = "qwen-agent"  # `functions: ["qwen-agent:<registered name>"]`
 DROPPED_SERVER_KEYS = ("sse_read_timeout",)
+# (servers, functions, where) -> None, raising ManifestError: one entry validated as a manifest of its own
+EntryCheck = Callable[[dict[str, Any], Any, str], None]
 
 
 def read_pydata(path: Path, text: str) -> Any:
@@ -39,8 +44,6 @@ def read_pydata(path: Path, text: str) -> Any:
     Raises:
         ManifestError: the text is not a Python literal; the message gives the line.
     """
-    from envs.manifest_file import ManifestError
-
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
@@ -56,15 +59,14 @@ def is_webui_spec(data: Any) -> bool:
         key in data for key in ("externalTools", "internalTools", "systemPrompt"))
 
 
-def from_entries(entries: list[Any], source: str) -> dict[str, Any]:
-    """One manifest mapping from RL-Factory's list of entries (see the module docstring).
+def from_entries(entries: list[Any], source: str, check_entry: EntryCheck) -> dict[str, Any]:
+    """One manifest mapping from RL-Factory's list of entries (see the module docstring); `check_entry` validates
+    each entry's servers and functions on its own, so that an error names the entry.
 
     Raises:
         ManifestError: an entry that is none of the shapes above, or whose servers or functions are
             invalid; the message names the entry by its index.
     """
-    from envs.manifest_file import ManifestError
-
     servers: dict[str, Any] = {}
     functions: list[Any] = []
     origin: dict[str, int] = {}  # server name -> the entry that gave it
@@ -83,7 +85,7 @@ def from_entries(entries: list[Any], source: str) -> dict[str, Any]:
         if not isinstance(block, dict):
             raise ManifestError(f"{where}: mcpServers must be a mapping of server names, got {type(block).__name__}")
         converted = {name: _server(spec, f"{where}: mcpServers.{name}") for name, spec in block.items()}
-        _check(converted, entry.get("functions") or [], where)
+        check_entry(converted, entry.get("functions") or [], where)
         for name, spec in converted.items():
             if name in servers:
                 logger.warning("%s: server %r replaces the one of entry [%d] (the later entry wins, as in RL-Factory)",
@@ -109,8 +111,6 @@ def _server(spec: Any, where: str) -> Any:
 
 
 def _registered_tool(entry: str | dict[str, Any], where: str) -> dict[str, Any]:
-    from envs.manifest_file import ManifestError
-
     name = entry if isinstance(entry, str) else entry.get("name")
     if not isinstance(name, str) or not name.isidentifier():
         raise ManifestError(f"{where}: a qwen-agent tool's registered name must be an identifier, got {name!r:.60}")
@@ -118,15 +118,3 @@ def _registered_tool(entry: str | dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(entry, dict):
         spec["cfg"] = dict(entry)  # RL-Factory hands the whole mapping to the tool's constructor
     return spec
-
-
-def _check(servers: dict[str, Any], functions: Any, where: str) -> None:
-    """Validate one entry on its own, so that an error names the entry."""
-    from pydantic import ValidationError
-
-    from envs.manifest import ManifestError, _describe, _ManifestModel
-
-    try:
-        _ManifestModel.model_validate({"mcpServers": servers, "functions": functions})
-    except ValidationError as err:
-        raise ManifestError(f"{where}: {_describe(err)}") from None

@@ -44,7 +44,7 @@ from mcp.types import CallToolResult, Tool
 from envs.cache import ResultCache
 from envs.episode import Episode, EpisodeStats, open_episode
 from envs.episode_servers import EpisodeServer
-from envs.functions import load_function_tools
+from envs.function_tools import load_function_tools
 from envs.limits import ToolLimits, clip_bytes
 from envs.manifest import load_manifest
 from envs.mcp_client import MCPServerConnection, ToolCallError, ToolEnvError

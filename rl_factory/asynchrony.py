@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from rl_factory.guard.checks.receipts import weight_fingerprint
+from rl_factory.guard.fingerprint import weight_fingerprint
 from rl_factory.base.types import Trajectory
 
 log = logging.getLogger("rl_factory")

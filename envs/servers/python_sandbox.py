@@ -59,8 +59,8 @@ from envs.servers.capture import MAX_DRAIN_BYTES, Capture, drain
 from envs.servers.cgroups import RunCgroups
 from envs.servers.bwrap import bwrap_command
 from envs.servers.isolation import (ENGINES, MISSING_IN_PROCESS_MODE, MODES, interpreter_paths, namespace_command,
-                                    parse_status, pick_engine, probe_namespaces, refusal, run_user, system_paths,
-                                    with_targets)
+                                    parse_status, pick_engine, refusal, run_user, system_paths, with_targets)
+from envs.servers.probe import probe_namespaces
 from envs.servers.runner import RUNNER
 from envs.servers.stdio import serve
 

@@ -157,7 +157,7 @@ class HFEngine:
         self._stamp(version)
 
     def _stamp(self, version: int) -> None:
-        from rl_factory.guard.checks.receipts import adapter_key, adapter_layers, adapter_part, sums_fingerprint
+        from rl_factory.guard.fingerprint import adapter_key, adapter_layers, adapter_part, sums_fingerprint
 
         layers = adapter_layers(self.model)
         key = adapter_key(layers)
@@ -168,7 +168,7 @@ class HFEngine:
     def weights_with(self, key: tuple) -> str:
         """The fingerprint of the synced parameters computed with the adapter state `key` (a turn that a forward
         generated with the adapter in another state than the synced one)."""
-        from rl_factory.guard.checks.receipts import adapter_part
+        from rl_factory.guard.fingerprint import adapter_part
 
         return (self.sums or "") + adapter_part(key)
 

@@ -17,7 +17,7 @@ from rl_factory.engines.base import Generation, SamplingParams, version_spans
 from rl_factory.engines.kv import KVSlots, PrefixStore, attention_masks, min_rows, slot_bytes
 from rl_factory.engines.prefill import prefill_runs
 from rl_factory.engines.sampling import sample_rows, uniforms
-from rl_factory.guard.checks.receipts import adapter_key
+from rl_factory.guard.fingerprint import adapter_key
 from rl_factory.guard.evidence import receipt
 from rl_factory.lora import trunk
 

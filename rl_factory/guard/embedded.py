@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_factory.guard import Guard, GuardConfig
-from rl_factory.guard.checks.receipts import weight_fingerprint
+from rl_factory.guard.fingerprint import weight_fingerprint
 from rl_factory.guard.evidence import trajectory_evidence
 from rl_factory.guard.probes import run_probes
 from rl_factory.guard.registry import StepData

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from rl_factory.guard.checks.receipts import device_sum, sums_fingerprint
+from rl_factory.guard.fingerprint import device_sum, sums_fingerprint
 
 log = logging.getLogger("rl_factory")
 

@@ -70,7 +70,7 @@ def test_the_engines_receipts_tell_a_landed_sync_from_one_that_left_the_weights(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_device_sum_reads_half_precision_in_float32_partials_and_still_sees_one_ulp(dtype):
-    from rl_factory.guard.checks.receipts import device_sum
+    from rl_factory.guard.fingerprint import device_sum
 
     torch.manual_seed(0)
     for numel in (64 * 16, 64 * 1000 + 37, 151 * 1024):  # whole partials, a tail, an embedding-like row count

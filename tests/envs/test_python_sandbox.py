@@ -14,7 +14,7 @@ from mcp import Client
 
 from envs import ToolEnv
 from envs.servers.capture import Capture
-from envs.servers.isolation import probe_namespaces
+from envs.servers.probe import probe_namespaces
 from envs.servers.cgroups import RunCgroups
 from envs.servers.python_sandbox import SandboxConfig, build_server, format_result, run_code
 from rl_factory.types import ToolCall

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from envs import ToolEnv, ToolEnvError
-from envs.servers.isolation import ENGINES, probe_namespaces
+from envs.servers.isolation import ENGINES
+from envs.servers.probe import probe_namespaces
 from rl_factory.types import ToolCall
 from tests.envs.sandbox_view import sandbox_tmp_listing
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from envs import ToolEnv, ToolEnvError
-from envs.servers.isolation import ENGINES, probe_namespaces
+from envs.servers.isolation import ENGINES
+from envs.servers.probe import probe_namespaces
 from rl_factory.types import ToolCall
 
 pytestmark = [pytest.mark.anyio,

@@ -10,7 +10,8 @@ import math
 
 from rl_factory.guard import Guard, GuardConfig, guard_config
 from rl_factory.guard.checks.logprobs import LogprobGapCheck, LogprobGapConfig
-from rl_factory.guard.checks.receipts import ReceiptsCheck, ReceiptsConfig, weight_fingerprint
+from rl_factory.guard.checks.receipts import ReceiptsCheck, ReceiptsConfig
+from rl_factory.guard.fingerprint import weight_fingerprint
 from rl_factory.guard.checks.rewards import RewardFilesCheck, RewardFilesConfig, RewardRangeCheck, RewardRangeConfig
 from rl_factory.guard.checks.tokens import TokensCheck, TokensConfig
 from rl_factory.guard.checks.tools import RewardWithoutToolsCheck, RewardWithoutToolsConfig, ToolsCheck, ToolsConfig
