@@ -12,8 +12,8 @@ extension, rl_factory/backends/verl/vllm_receipts.py):
   held_after   the weights after the sync
 
 and appends one JSON line per sync to `<run>/engine_syncs/<host>-<pid>.jsonl`, with the worker's whole sync
-(`seconds`: receiving, loading and the receipts) and the receipts' own part of it (`receipts_seconds`). The receipts check
-(rl_factory/guard/checks/receipts.py) names a sync that sent new weights (`received` differs from the engine's
+(`seconds`: receiving, loading and the receipts) and the receipts' own part of it (`receipts_seconds`). The
+receipts check (rl_factory/guard/checks/receipts.py) names a sync that sent new weights (`received` differs from the engine's
 previous sync, or it is its first) and left the held weights as they were (`held_after == held_before`). A sync
 that sent the same tensors as the last one (an update too small to move a bf16 weight) is not judged: holding
 the same weights is right then. The fingerprints are sums, compared only with the same engine's own, so vLLM's
