@@ -200,7 +200,7 @@ def h200(args, out: Path) -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine"}
-    from benchmarks import gpu_step, startup_variants
+    from benchmarks import gpu_step, startup_variants, step_metrics
 
     arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
     for name in args.h200_models:
@@ -215,7 +215,7 @@ def h200(args, out: Path) -> dict[str, Any]:
                 runs[f"k{k}"] = {"error": str(exc)[-2000:], "startup": startup_variants.startup_record(run_dir)}
                 continue
             record = startup_variants.startup_record(run_dir) or {}
-            phases = {key: value for key, value in gpu_step.step_numbers(lines, args.steps).items()
+            phases = {key: value for key, value in step_metrics.step_numbers(lines, args.steps).items()
                       if not (isinstance(value, float) and value != value)}  # a phase the job never timed: no NaN
             runs[f"k{k}"] = {**step_times(lines), **phases,
                              "steps_logged": len(lines), "wall_s": round(wall, 1), "peak_gpu_used_gib": peak,

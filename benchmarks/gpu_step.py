@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
 from benchmarks.ceilings import measure_ceiling, ratios  # noqa: E402
-from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402,F401 - their users import them here too
+from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.compare_loops import compare
-from benchmarks.gpu_step import measured, step_ends
+from benchmarks.step_metrics import measured, step_ends
 
 ROOT = Path(__file__).resolve().parents[2]
 
