@@ -64,6 +64,8 @@ class LineGuard:
         self.wants_batch = self.enabled and self.cfg.tokens.action != "off"
         self.horizon = self.cfg.receipts.max_staleness + 2  # steps a line waits for the batch that trains it
         self.asynchronous = int(run.trainer.max_staleness) > 0  # verl's async trainers (backends/verl/asynchrony.py)
+        # under them a step's lines are those that finished since the last log: fewer than half a batch is `partial`
+        self.half_batch = int(run.data.train_batch_size) * int(run.rollout.n) / 2
         self.batches: dict[int, dict[str, dict[str, Any]]] = {}  # step -> session_key -> what the actor trained
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # session_key -> (its step, evidence): not yet trained
         self.syncs = Tail(Path(out_dir) / SYNCS_DIR)  # vLLM's own receipts of each weight sync (guard/syncs.py)
@@ -111,7 +113,8 @@ class LineGuard:
         newest = step if self.asynchronous else step - 1
         data = StepData(step, metrics=dict(metrics), trajectories=evidence, late=late,
                         expected={"version": step - 1, "newest": newest},
-                        syncs=[x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else [])
+                        syncs=[x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else [],
+                        partial=self.asynchronous and len(evidence) < self.half_batch)
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
 
     def trained(self, step: int, rows: dict[str, dict[str, Any]]) -> None:

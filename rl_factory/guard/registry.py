@@ -28,7 +28,10 @@ class StepData:
     `expected`: what the trainer expects of the engine's receipts (`version`, `weights`), when it knows;
     `late`: evidence of earlier steps' trajectories that this step's update trained (verl's async trainers train
     a rollout steps after it was logged, rl_factory/guard/lines.py): for the `tokens` check only;
-    `syncs`: the engine's weight-sync lines since the last step (rl_factory/guard/syncs.py): for `receipts`.
+    `syncs`: the engine's weight-sync lines since the last step (rl_factory/guard/syncs.py): for `receipts`;
+    `partial`: the trajectories are a fraction of the step's batch (verl's async trainers: the lines that finished
+    since the last step was logged, a handful at times); the checks that judge a batch's rates (`tools`,
+    `reward_constant`, `reward_without_tools`) neither learn from such a step nor fire on it.
     """
 
     step: int
@@ -39,16 +42,18 @@ class StepData:
     expected: dict[str, Any] = field(default_factory=dict)
     late: list[dict[str, Any]] = field(default_factory=list)
     syncs: list[dict[str, Any]] = field(default_factory=list)
+    partial: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "metrics": self.metrics, "trajectories": self.trajectories,
                 "probes": self.probes, "files": self.files, "expected": self.expected,
-                **({"late": self.late} if self.late else {}), **({"syncs": self.syncs} if self.syncs else {})}
+                **({"late": self.late} if self.late else {}), **({"syncs": self.syncs} if self.syncs else {}),
+                **({"partial": True} if self.partial else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepData:
         return cls(**{k: data[k] for k in ("step", "metrics", "trajectories", "probes", "files", "expected", "late",
-                                               "syncs")
+                                               "syncs", "partial")
                       if k in data})
 
     def metric(self, key: str) -> float | None:

@@ -202,3 +202,31 @@ def _nested(rows):
     import torch
 
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def test_an_async_step_with_a_handful_of_lines_neither_breaks_a_streak_nor_fires(tmp_path):
+    """verl's async trainers log a step with the lines that finished since the last log, a handful at times: the
+    batch-rate checks hold their state there (a constant reward's streak goes on; a tool-call rate of one line
+    is no fall), and a whole batch after it is judged as before."""
+    run = tmp_path / "run"
+    run.mkdir()
+    ours = {"trainer": {"output_dir": str(run), "report": False, "max_staleness": 1,
+                        "guard": {"receipts": {"action": "off"}, "reward_constant": {"steps": 3}}},
+            "reward": {"success_threshold": 1.0}, "data": {"train_batch_size": 2}, "rollout": {"n": 2}}
+    logger = RunDirLogger({"rl_factory": ours, "trainer": {"resume_mode": "disable"}})
+
+    def lines(step, count, calls):
+        out = [_line(i, [[5, 6, 7]], uid=f"uid-{step}") for i in range(count)]
+        for line in out:
+            line["reward"], line["guard"]["tool_calls"] = 0.0, calls
+        return out
+
+    for step, (count, calls) in enumerate([(4, 1), (4, 1), (1, 0)], start=1):  # step 3: one line, no call
+        write_part(run, "train", step, lines(step, count, calls))
+        logger.log({"training/global_step": step}, step=step)
+    line = _metrics(run)[-1]
+    assert line["guard/reward_constant/streak"] == 2.0 and line["guard/violations"] == 0.0
+    write_part(run, "train", 4, lines(4, 4, 1))
+    with pytest.raises(GuardStop, match="reward_constant at step 4"):
+        logger.log({"training/global_step": 4}, step=4)
+    assert _metrics(run)[-1]["guard/reward_constant/streak"] == 3.0

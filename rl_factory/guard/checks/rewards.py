@@ -54,6 +54,8 @@ class RewardConstantCheck(Check):
 
     def evaluate(self, data: StepData):
         rewards = [ev.get("reward") for ev in data.trajectories]
+        if data.partial:  # a handful of lines says nothing of the batch: the streak holds
+            return {"guard/reward_constant/streak": float(self.state.get("streak", 0))}, None
         constant = len(rewards) > 1 and len(set(rewards)) == 1
         self.state["streak"] = self.state.get("streak", 0) + 1 if constant else 0
         metrics = {"guard/reward_constant/streak": float(self.state["streak"])}

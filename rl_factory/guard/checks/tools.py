@@ -59,7 +59,7 @@ class ToolsCheck(Check):
     def evaluate(self, data: StepData):
         rates = step_rates(data.trajectories)
         metrics = {"guard/tools/call_rate": rates["call_rate"], "guard/tools/parse_failure_rate": rates["parse_rate"]}
-        if not self.state.get("has_tools", True):
+        if not self.state.get("has_tools", True) or data.partial:
             return metrics, None
         doctor = self.state.get("doctor") or {}
         if rates["calls"] == 0 and doctor.get("ok") is False:
@@ -96,7 +96,7 @@ class RewardWithoutToolsCheck(Check):
 
     def evaluate(self, data: StepData):
         rewards = [ev["reward"] for ev in data.trajectories if ev.get("reward") is not None]
-        if not rewards or not self.state.get("has_tools", True):
+        if not rewards or not self.state.get("has_tools", True) or data.partial:
             return {}, None
         mean = sum(rewards) / len(rewards)
         seen = self.state.setdefault("seen", [])
