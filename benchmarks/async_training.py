@@ -210,7 +210,7 @@ def h200(args, out: Path) -> dict[str, Any]:
         for k in args.h200_staleness:
             run_dir = out / f"{name}-k{k}"
             try:
-                lines, wall, peak = gpu_step.run_verl(h200_job(args, k), model, run_dir)
+                lines, wall, peak = gpu_step.run_verl(h200_job(args, k, name), model, run_dir)
             except SystemExit as exc:  # the launch never logged a step: what it printed says why
                 runs[f"k{k}"] = {"error": str(exc)[-2000:], "startup": startup_variants.startup_record(run_dir)}
                 continue
@@ -258,9 +258,10 @@ def async_medians(lines: list[dict]) -> dict[str, float]:
             for key in keys if any(isinstance(m.get(key), (int, float)) for m in steady)}
 
 
-def h200_job(args, k: int) -> argparse.Namespace:
-    """gpu_step.py's job (one GPU, the calculator task, 256 tokens a turn) at staleness k (verl colocated)."""
-    return argparse.Namespace(gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
+def h200_job(args, k: int, name: str) -> argparse.Namespace:
+    """gpu_step.py's job (one GPU, the calculator task, 256 tokens a turn) at staleness k (verl colocated), on the
+    builtin tiny model or a random-init shape (`name`)."""
+    return argparse.Namespace(shape=None if name == "tiny" else name, gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
                               max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
                               overrides=[*args.overrides, f"trainer.max_staleness={k}"], timeout=args.timeout)
 

@@ -133,6 +133,11 @@ def build_shape(shape: str, out: Path) -> Path:
     return target
 
 
+# Random-init weights never earn a reward: the run guard's reward_constant check (stop after 5 steps of one reward)
+# would end every shape's job at step 5. It still runs and logs its streak.
+RANDOM_INIT_OVERRIDES = ["trainer.guard.reward_constant.action=warn"]
+
+
 def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
     out = [f"model.path={model}", "trainer.backend=verl", f"trainer.n_gpus_per_node={args.gpus}",
            f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.tp}", f"trainer.total_steps={args.steps}",
@@ -143,6 +148,8 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
            f"model.lora_rank={args.lora_rank}", f"optim.lr={args.lr}",
            # Ray workers get this PYTHONPATH instead of the driver's: keep the driver's entries after ours
            f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}:{os.environ.get('PYTHONPATH', '')}"]
+    if getattr(args, "shape", None):
+        out += RANDOM_INIT_OVERRIDES
     if args.agent_loop == "verl_tool_agent":
         from benchmarks.verl_tool_agent import overrides
 

@@ -1,7 +1,7 @@
 """The benchmarks page's table of ours against TRL at the Qwen3 shapes, one row per shape.
 
 Ours is the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no
-overrides); TRL's the newest `vs_trl --shape` record of the shape on a GPU. Where both exist, ours must have
+overrides but the run guard's: they change what is checked, not the work); TRL's the newest `vs_trl --shape` record of the shape on a GPU. Where both exist, ours must have
 trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
 beside it. A side without such a record says "not measured yet".
 
@@ -39,9 +39,13 @@ HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "
         "tokens a trajectory (ours generated / TRL completion)", "machine", "commands", "commit", "date"]
 
 
+JOB_NEUTRAL = ("trainer.guard.",)  # overrides that leave the job's work as it is
+
+
 def ours_matches(r: dict[str, Any], shape: str) -> bool:
+    neutral = all(str(o).lstrip("+").startswith(JOB_NEUTRAL) for o in r.get("overrides") or [])
     return (r.get("shape") == shape and "job" in r and r.get("gpus", 1) == 1 and not r.get("lora_rank")
-            and r.get("agent_loop", "rl_factory") == "rl_factory" and not r.get("overrides") and r.get("step_s"))
+            and r.get("agent_loop", "rl_factory") == "rl_factory" and neutral and bool(r.get("step_s")))
 
 
 def trl_matches(r: dict[str, Any], shape: str) -> bool:

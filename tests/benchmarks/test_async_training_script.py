@@ -20,7 +20,7 @@ def args(*extra):
 @pytest.mark.parametrize("k, mode", [(0, "sync"), (1, "colocate_async")])
 def test_the_h200_arm_composes_verls_colocated_job(tmp_path, tiny_model_dir, k, mode):
     pytest.importorskip("verl", reason="verl is an extra")
-    overrides = gpu_step.verl_overrides(async_training.h200_job(args(), k), tiny_model_dir, tmp_path / "run")
+    overrides = gpu_step.verl_overrides(async_training.h200_job(args(), k, "tiny"), tiny_model_dir, tmp_path / "run")
     proc = subprocess.run(["bash", "main_grpo.sh", *overrides, "--cfg", "job"], cwd=REPO, env=script_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -28,6 +28,17 @@ def test_the_h200_arm_composes_verls_colocated_job(tmp_path, tiny_model_dir, k, 
     assert cfg["trainer"]["v1"]["trainer_mode"] == mode and cfg["trainer"]["n_gpus_per_node"] == 1
     if k:
         assert cfg["trainer"]["v1"]["sampler"]["max_off_policy_threshold"] == 2
+
+
+@pytest.mark.parametrize("name, action", [("tiny", "stop"), ("qwen3-0.6b", "warn")])
+def test_a_random_init_shape_keeps_training_on_its_constant_reward(tmp_path, name, action):
+    # random-init weights score 0 on every trajectory: the guard's default `stop` would end the arm at step 5
+    from pathlib import Path
+
+    from rl_factory.config import load_config, split_overrides
+
+    ours, _ = split_overrides(gpu_step.verl_overrides(async_training.h200_job(args(), 1, name), Path("/m"), tmp_path))
+    assert load_config("grpo", ours).trainer.guard.reward_constant.action == action
 
 
 def test_without_a_gpu_the_h200_arm_is_skipped(tmp_path):

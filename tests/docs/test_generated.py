@@ -114,6 +114,15 @@ def test_the_trl_table_puts_ours_on_the_same_job_beside_trls_newest_record():
     assert cells_of(trl_shapes.table(records), "qwen3-4b")[1] == "not measured yet"
 
 
+def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not():
+    trl = [trl_shape_record("2026-12-05T09:00", 5.0)]
+    guarded = gpu_step_record("2026-12-05T10:00", 4.0, overrides=["trainer.guard.reward_constant.action=warn"])
+    tuned = gpu_step_record("2026-12-05T11:00", 3.0, overrides=["trainer.guard.enabled=false", "optim.lr=1e-5"])
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned], "vs_trl": trl}),
+                                             "qwen3-0.6b")))
+    assert got["step s ours / TRL"] == "4 / 5"
+
+
 def test_the_trl_table_shows_one_side_with_the_other_not_measured_yet():
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"vs_trl": [trl_shape_record("2026-12-05", 5.0)]}),
                                              "qwen3-0.6b")))
