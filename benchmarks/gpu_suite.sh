@@ -9,7 +9,9 @@
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16); the
 #                                            # second launch, in the next call: step --earlier $BENCH_RESULTS_DIR/gpu_step.jsonl
-#                                            # (medians over both launches' steps: benchmarks/launches.py)
+#                                            # (medians over both launches' steps: benchmarks/launches.py);
+#                                            # `step actor_cache_at_sync=keep`: the actor keeps its CUDA cache at
+#                                            # the weight sync (rl_factory/backends/verl/actor_cache.py), against `step`
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
 #                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:

@@ -261,11 +261,13 @@ def check_trl() -> None:
 
 def task_runner_class(cfg: DictConfig, verls: Any) -> Any:
     """Our TaskRunner in front of verl's (runner.py): it marks start-up; with `worker_fetch: needed` its trainer
-    fetches only what the workers read (fetch.py), and with the run guard's tokens check on it hands the guard the
-    batch the actor trains (trained.py)."""
-    from rl_factory.backends.verl import fetch, runner, trained
+    fetches only what the workers read (fetch.py), with the run guard's tokens check on it hands the guard the
+    batch the actor trains (trained.py), and with `actor_cache_at_sync: keep` its actor keeps its CUDA cache
+    across the weight sync (actor_cache.py)."""
+    from rl_factory.backends.verl import actor_cache, fetch, runner, trained
 
-    return runner.task_runner(verls, narrow_fetch=fetch.mode(cfg) == "needed", guard_batch=trained.wanted(cfg))
+    return runner.task_runner(verls, narrow_fetch=fetch.mode(cfg) == "needed", guard_batch=trained.wanted(cfg),
+                              keep_cache=actor_cache.mode(cfg) == "keep")
 
 
 def guard_stop(exc: BaseException):

@@ -4,8 +4,8 @@ verl's run_ppo starts the TaskRunner actor class it is given and calls its `run(
 up in verl's trainer registry (`trainer.v1.trainer_mode`), builds it, starts the agent-loop manager and fits. Ours
 puts, in the TaskRunner's own process (the registry is per process), a class in front of the mode's trainer:
 `StartupTrainer` always (startup.py: where the minutes before the first step go, `startup.json`), `NarrowFetch`
-with `worker_fetch: needed` (fetch.py) and `TrainedBatch` with the run guard's tokens check on (trained.py: the
-guard reads the batch the actor trains). The mode's name stays: verl's trainer branches on it.
+with `worker_fetch: needed` (fetch.py), `TrainedBatch` with the run guard's tokens check on (trained.py: the
+guard reads the batch the actor trains) and `KeepCache` with `actor_cache_at_sync: keep` (actor_cache.py). The mode's name stays: verl's trainer branches on it.
 
 `TaskRunnerV1` is a Ray actor class; Ray keeps the Python class it wraps on its modified class, which ours
 subclasses (Ray refuses to subclass the actor class itself).
@@ -17,12 +17,14 @@ from typing import Any
 from rl_factory.backends.verl import startup
 
 
-def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False) -> type:
+def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False, keep_cache: bool = False) -> type:
     """Put our classes in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
     from verl.trainer.ppo.v1 import trainer_base
 
-    from rl_factory.backends.verl import fetch, trained
+    from rl_factory.backends.verl import actor_cache, fetch, trained
 
+    if keep_cache:
+        actor_cache.use_keep_cache(trainer_mode)
     if narrow_fetch:
         fetch.use_narrow_fetch(trainer_mode)
     if guard_batch:  # outside NarrowFetch: it reads the batch as the update's own call hands it on
@@ -35,7 +37,7 @@ def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False
     return cls
 
 
-def task_runner(base: Any, narrow_fetch: bool, guard_batch: bool = False) -> Any:
+def task_runner(base: Any, narrow_fetch: bool, guard_batch: bool = False, keep_cache: bool = False) -> Any:
     """verl's TaskRunner actor class `base` (TaskRunnerV1) with our trainer classes and start-up marks."""
     import ray
 
@@ -49,7 +51,7 @@ def task_runner(base: Any, narrow_fetch: bool, guard_batch: bool = False) -> Any
         def run(self, config):
             startup.write_to(config.get("rl_factory", {}).get("trainer", {}).get("output_dir"))
             startup.mark("task_runner_run")
-            use_trainer(config.trainer.v1.trainer_mode, narrow_fetch, guard_batch)
+            use_trainer(config.trainer.v1.trainer_mode, narrow_fetch, guard_batch, keep_cache)
             try:
                 return super().run(config)
             except BaseException as exc:
