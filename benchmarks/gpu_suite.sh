@@ -9,9 +9,9 @@
 #                                            # (+ py-spy on two more steps where py-spy is installed); ARGS go to
 #                                            # gpu_step.py, e.g. --batch 32 (prompts per step; default 16); the
 #                                            # second launch, in the next call: step --earlier $BENCH_RESULTS_DIR/gpu_step.jsonl
-#                                            # (medians over both launches' steps: benchmarks/launches.py);
-#                                            # `step actor_cache_at_sync=keep`: the actor keeps its CUDA cache at
-#                                            # the weight sync (rl_factory/backends/verl/actor_cache.py), against `step`
+#                                            # (medians over both launches' steps: benchmarks/launches.py)
+#   bash benchmarks/gpu_suite.sh ab OVERRIDE...   # the 0.6B job twice in one call, as configured then with the
+#                                            # overrides (benchmarks/ab.py: each phase's B / A; AB_TIMEOUT s a job)
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
 #                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:
@@ -222,7 +222,8 @@ case "${1:-}" in
       startup_part "$variant"
     done
     for model in tiny 0.6b; do async_arm $model; done  # printed: the arm's jobs compose in tests/benchmarks
-    [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape and start-up variant command composes" || echo "check: FAILED" >&2
+    $PY benchmarks/ab.py --cfg-job actor_cache_at_sync=keep >/dev/null || FAILED=1
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape, start-up variant and ab command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
   startup)
     shift
@@ -251,6 +252,7 @@ case "${1:-}" in
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO "${@:2}" >> "$RESULTS"
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
   async) async_arm "${2:?async tiny|0.6b}" "${@:3}" ;;
+  ab) $PY benchmarks/ab.py --timeout "${AB_TIMEOUT:-250}" "${@:2}" | tee -a "$RESULTS" ;;
   prepare_shapes)
     $PY -m rl_factory.backends.verl.bytecode --compile >> "$RESULTS" || exit 1
     $PY benchmarks/gpu_step.py --prepare --shape qwen3-0.6b --out outputs/gpu_suite || exit 1

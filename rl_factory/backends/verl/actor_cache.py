@@ -14,7 +14,7 @@ where nothing needs the memory: vLLM awake, the actor's parameters not offloaded
 Anywhere else verl's behaviour is unchanged. verl's trainer picks the worker class in `_init_resource_pool_mgr`,
 as its own separate_async trainer does to swap in its DetachActorWorker; `KeepCache` in front of the trainer swaps
 in `CacheKeepingWorker`, verl's worker with that one method wrapped. The default stays `release` (verl's) until
-the H200 measures `keep` against it (`bash benchmarks/gpu_suite.sh step actor_cache_at_sync=keep`).
+the H200 measures `keep` against it (`bash benchmarks/gpu_suite.sh ab actor_cache_at_sync=keep`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""One verl job twice in one invocation, as configured (A) and with overrides (B): which phases a setting moves.
+
+    python benchmarks/ab.py actor_cache_at_sync=keep                        # 0.6B shape, 5 steps each, A then B
+    python benchmarks/ab.py --b-first actor_cache_at_sync=keep              # B then A (the order's own effect)
+    python benchmarks/ab.py --cfg-job actor_cache_at_sync=keep              # compose both commands only (no GPU)
+    bash benchmarks/gpu_suite.sh ab actor_cache_at_sync=keep                # on the lent GPU: both in one call
+
+Each side is `benchmarks/gpu_step.py --shape S --steps K --no-ceilings` (its own line and record too), so both run on
+one machine minutes apart, the same job and weights, which a setting's effect needs: one launch's steady steps vary
+with the machine by more than some settings move them. Its line: `a` and `b` (step and phase medians over steps
+2..K, each step's numbers, peak memory, start-up), `b_over_a` (each phase's B / A median; below 1: B is faster) and
+`overrides`. A side that logged no step says why (`error`), and the other is still reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PHASES = ("generate", "old_log_prob", "update", "update_weights")
+
+
+def side(line: dict[str, Any]) -> dict[str, Any]:
+    """What a gpu_step line says of one side."""
+    phases = line.get("phases") or {}
+    return {"step_s": line.get("step_s"), **{p: (phases.get(p) or {}).get("s") for p in PHASES},
+            "all_step_s": line.get("all_step_s"), "per_step": line.get("per_step"),
+            "memory_gb": line.get("memory_gb"), "overrides": line.get("overrides"),
+            "launch_to_first_step_s": (line.get("startup") or {}).get("launch_to_first_step_s"),
+            **({"ended": line["ended"]} if line.get("ended") else {})}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
+    """Each phase's (and the step's) B / A, where both sides measured it."""
+    def ratio(key: str) -> float | None:
+        x, y = a.get(key), b.get(key)
+        ok = all(isinstance(v, (int, float)) and v == v for v in (x, y))  # NaN: a phase the job never timed
+        return round(y / x, 3) if ok and x > 0 else None
+
+    return {key: ratio(key) for key in ("step_s", *PHASES)}
+
+
+def run_side(base: list[str], overrides: list[str], timeout: float) -> dict[str, Any]:
+    cmd = [*base, *overrides]
+    try:  # gpu_step stops its job at `timeout`; the rest is building the model and tearing Ray down
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
+    except subprocess.TimeoutExpired as exc:
+        return {"error": f"no line after {exc.timeout:.0f} s", "command": cmd}
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr or proc.stdout)[-2000:], "exit_code": proc.returncode, "command": cmd}
+    return {**side(json.loads(lines[-1])), "command": cmd}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=270, help="seconds per job (gpu_step.py --timeout)")
+    ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_suite"))
+    ap.add_argument("--b-first", action="store_true", help="run B before A")
+    ap.add_argument("--cfg-job", action="store_true", help="compose both commands (main_grpo.sh --cfg job), no GPU")
+    ap.add_argument("overrides", nargs="+", help="B's overrides (main_grpo.sh key=value, ours or verl's)")
+    args = ap.parse_args(argv)
+    base = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--shape", args.shape, "--steps", str(args.steps),
+            "--no-ceilings", "--timeout", str(args.timeout), "--out", args.out]
+    if args.cfg_job:
+        codes = [subprocess.run([*base, "--cfg-job", *o], cwd=ROOT).returncode for o in ([], args.overrides)]
+        sys.exit(max(codes))
+    order = [("b", args.overrides), ("a", [])] if args.b_first else [("a", []), ("b", args.overrides)]
+    sides = {name: run_side(base, overrides, args.timeout) for name, overrides in order}
+    from benchmarks.record import emit
+
+    emit("ab", {"bench": "ab", "shape": args.shape, "steps": args.steps, "overrides": args.overrides,
+                "order": [name for name, _ in order], "a": sides["a"], "b": sides["b"],
+                "b_over_a": compare(sides["a"], sides["b"])})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""benchmarks/ab.py on CPU: the comparison of two gpu_step lines, and both sides' commands composed."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import ab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recorded_line() -> dict:
+    """The newest 0.6B gpu_step record of the repository (an H200 run): A."""
+    lines = [json.loads(x) for x in (ROOT / "benchmarks/results/gpu_step.jsonl").read_text().splitlines() if x.strip()]
+    return next(r for r in reversed(lines) if r.get("shape") == "qwen3-0.6b" and r.get("phases"))
+
+
+def test_b_over_a_is_each_phase_and_the_steps_ratio():
+    a_line = recorded_line()
+    b_line = json.loads(json.dumps(a_line))
+    b_line["step_s"] = a_line["step_s"] * 0.9
+    b_line["phases"]["update_weights"]["s"] = a_line["phases"]["update_weights"]["s"] / 2
+    b_line["phases"]["old_log_prob"]["s"] = float("nan")  # a phase B never timed: no ratio, not NaN
+    a, b = ab.side(a_line), ab.side(b_line)
+    got = ab.compare(a, b)
+    assert got["step_s"] == 0.9 and got["update_weights"] == 0.5 and got["update"] == 1.0
+    assert got["old_log_prob"] is None
+    assert a["launch_to_first_step_s"] == a_line["startup"]["launch_to_first_step_s"]
+
+
+def test_a_side_without_a_line_says_why_and_the_other_still_counts():
+    error = {"error": "no line after 370 s", "command": ["gpu_step.py"]}
+    assert ab.compare(error, ab.side(recorded_line())) == {k: None for k in ("step_s", *ab.PHASES)}
+
+
+@pytest.mark.slow  # composes verl's config twice through main_grpo.sh
+def test_both_sides_compose(tmp_path):
+    pytest.importorskip("verl", reason="verl is an extra")
+    done = subprocess.run([sys.executable, "benchmarks/ab.py", "--cfg-job", "--out", str(tmp_path),
+                           "actor_cache_at_sync=keep"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sides = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    assert [s["exit_code"] for s in sides] == [0, 0]
+    assert "actor_cache_at_sync=keep" not in sides[0]["command"] and "actor_cache_at_sync=keep" in sides[1]["command"]
