@@ -261,8 +261,8 @@ def async_medians(lines: list[dict]) -> dict[str, float]:
 def h200_job(args, k: int, name: str) -> argparse.Namespace:
     """gpu_step.py's job (one GPU, the calculator task, 256 tokens a turn) at staleness k (verl colocated), on the
     builtin tiny model or a random-init shape (`name`)."""
-    return argparse.Namespace(shape=None if name == "tiny" else name, gpus=1, tp=1, steps=args.steps, batch=args.batch, n=args.n, max_response_tokens=256,
-                              max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
+    return argparse.Namespace(shape=None if name == "tiny" else name, gpus=1, tp=1, steps=args.steps,
+                              batch=args.batch, n=args.n, max_response_tokens=256, max_total_tokens=1024, max_turns=3, lora_rank=0, lr=1e-6, agent_loop="rl_factory",
                               overrides=[*args.overrides, f"trainer.max_staleness={k}"], timeout=args.timeout)
 
 

@@ -12,6 +12,8 @@
 #                                            # (medians over both launches' steps: benchmarks/launches.py)
 #   bash benchmarks/gpu_suite.sh ab OVERRIDE...   # the 0.6B job twice in one call, as configured then with the
 #                                            # overrides (benchmarks/ab.py: each phase's B / A; AB_TIMEOUT s a job)
+#   bash benchmarks/gpu_suite.sh trace [ARGS]    # the 0.6B job with verl's torch profiler on the actor at step 3;
+#                                            # benchmarks/trace_summary.py: GPU-busy share of the update and sync
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop
 #   bash benchmarks/gpu_suite.sh startup [VARIANT ...]  # 0.6B shape, 2 steps, one launch per start-up variant (default:
 #                                            # baseline fast), each with empty compile caches (STARTUP_CACHES=shared:
@@ -111,6 +113,10 @@ JOB_TIMEOUT=${JOB_TIMEOUT:-480}        # seconds per verl job: the steps logged 
 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-540}    # seconds per job of the shape groups (one job a call; the steps done by then count)
 TWO_GPU_BATCH=${TWO_GPU_BATCH:-32}     # prompts per step on 2 GPUs (16 = the same step split in two)
 CHECK=0 FAILED=0
+# the trace group's job: verl's torch profiler on the FSDP worker (rank 0) over step 3, kernels and Python frames
+TRACE_JOB=($PY benchmarks/gpu_step.py --shape qwen3-0.6b --steps 4 --no-ceilings --out outputs/gpu_suite
+           global_profiler.tool=torch "global_profiler.steps=[3]" "global_profiler.save_path=$PWD/outputs/gpu_suite/trace"
+           actor_rollout_ref.actor.profiler.enable=true "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda,stack]")
 run_line() {  # a command that prints one JSON line: shown and appended to $RESULTS; under `check`, composed only
   if [ "$CHECK" = 1 ]; then
     "$@" --cfg-job || FAILED=1
@@ -223,7 +229,8 @@ case "${1:-}" in
     done
     for model in tiny 0.6b; do async_arm $model; done  # printed: the arm's jobs compose in tests/benchmarks
     $PY benchmarks/ab.py --cfg-job actor_cache_at_sync=keep >/dev/null || FAILED=1
-    [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape, start-up variant and ab command composes" || echo "check: FAILED" >&2
+    "${TRACE_JOB[@]}" --cfg-job >/dev/null || FAILED=1
+    [ "$FAILED" = 0 ] && echo "check: every two_gpu, shape, start-up variant, ab and trace command composes" || echo "check: FAILED" >&2
     exit "$FAILED" ;;
   startup)
     shift
@@ -252,6 +259,10 @@ case "${1:-}" in
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO "${@:2}" >> "$RESULTS"
     kill $watcher 2>/dev/null; wait $watcher 2>/dev/null ;;
   async) async_arm "${2:?async tiny|0.6b}" "${@:3}" ;;
+  trace)  # verl's own torch profiler (chrome trace of the FSDP worker over step 3: kernels, copies, Python frames)
+    rm -rf outputs/gpu_suite/trace
+    "${TRACE_JOB[@]}" "${@:2}" >> "$RESULTS"
+    $PY benchmarks/trace_summary.py outputs/gpu_suite/trace | tee -a "$RESULTS" ;;
   ab) $PY benchmarks/ab.py --timeout "${AB_TIMEOUT:-250}" "${@:2}" | tee -a "$RESULTS" ;;
   prepare_shapes)
     $PY -m rl_factory.backends.verl.bytecode --compile >> "$RESULTS" || exit 1

@@ -1,8 +1,8 @@
 """The benchmarks page's table of ours against TRL at the Qwen3 shapes, one row per shape.
 
 Ours is the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no
-overrides but the run guard's: they change what is checked, not the work); TRL's the newest `vs_trl --shape` record of the shape on a GPU. Where both exist, ours must have
-trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
+overrides but the run guard's: they change what is checked, not the work); TRL's the newest `vs_trl --shape`
+record of the shape on a GPU. Where both exist, ours must have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
 beside it. A side without such a record says "not measured yet".
 
     .venv/bin/python -m docsgen.trl_shapes benchmarks/results [more record directories]   # the table, printed

@@ -111,9 +111,9 @@ class LineGuard:
         # the newest version a line can carry: step s's update lands (version s) before s is logged, and under an
         # async trainer the rollouts it paused resume with it, so a line that finished in between holds version s
         newest = step if self.asynchronous else step - 1
+        syncs = [x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else []
         data = StepData(step, metrics=dict(metrics), trajectories=evidence, late=late,
-                        expected={"version": step - 1, "newest": newest},
-                        syncs=[x for x in self.syncs.read() if isinstance(x, dict)] if self.cfg.receipts.action != "off" else [],
+                        expected={"version": step - 1, "newest": newest}, syncs=syncs,
                         partial=self.asynchronous and len(evidence) < self.half_batch)
         return self.guard.check(data, lambda positions: [lines[where[p]] for p in positions if p < len(where)])
 

@@ -5,7 +5,8 @@ up in verl's trainer registry (`trainer.v1.trainer_mode`), builds it, starts the
 puts, in the TaskRunner's own process (the registry is per process), a class in front of the mode's trainer:
 `StartupTrainer` always (startup.py: where the minutes before the first step go, `startup.json`), `NarrowFetch`
 with `worker_fetch: needed` (fetch.py), `TrainedBatch` with the run guard's tokens check on (trained.py: the
-guard reads the batch the actor trains) and `KeepCache` with `actor_cache_at_sync: keep` (actor_cache.py). The mode's name stays: verl's trainer branches on it.
+guard reads the batch the actor trains) and `KeepCache` with `actor_cache_at_sync: keep` (actor_cache.py). The
+mode's name stays: verl's trainer branches on it.
 
 `TaskRunnerV1` is a Ray actor class; Ray keeps the Python class it wraps on its modified class, which ours
 subclasses (Ray refuses to subclass the actor class itself).
@@ -17,7 +18,8 @@ from typing import Any
 from rl_factory.backends.verl import startup
 
 
-def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False, keep_cache: bool = False) -> type:
+def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False,
+                keep_cache: bool = False) -> type:
     """Put our classes in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
     from verl.trainer.ppo.v1 import trainer_base
 

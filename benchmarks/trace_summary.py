@@ -1,0 +1,130 @@
+"""Where a profiled step's time goes on the GPU: one line from a torch profiler trace (verl's `global_profiler`).
+
+    python benchmarks/trace_summary.py outputs/gpu_suite/trace            # the newest trace under that directory
+    python benchmarks/trace_summary.py TRACE.json.gz --window empty_cache   # more windows (python frames, markers)
+    bash benchmarks/gpu_suite.sh trace                                    # on the lent GPU: profile step 3, summarize
+
+py-spy says which Python line a process is in; it cannot say whether the GPU was busy meanwhile. verl's torch
+profiler (`global_profiler.tool=torch`, the actor's `profiler.enable=true`, contents `[cuda,stack]`) writes a
+Chrome trace of the actor process over one step: CPU ops, verl's stage markers (`record_function`, e.g.
+`actor_update`), Python frames and the GPU's kernels and copies. For each window (a marker or a Python frame whose
+name holds the window's text: by default verl's update and weight-sync methods, the optimizer step and
+`empty_cache`) the line gives its wall seconds, the seconds the GPU ran anything inside it (kernels, copies and
+sets, overlaps counted once) and that share, the longest kernels there and the CUDA runtime calls that wait
+(`cudaMalloc`, `cudaFree`, synchronizations) with their count and seconds. A window the GPU is busy for most of is
+compute-bound; one where it idles is bound by the host: Python, launches, allocation or waiting for another process.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+WINDOWS = ("actor_update", "update_weights", "train_mini_batch", "optimizer_step", "empty_cache",
+           "get_per_tensor_param")
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+WINDOW_CATEGORIES = ("user_annotation", "python_function", "cpu_op")
+# runtime calls that block the host or the device: what an idle GPU inside a window may be waiting on
+WAITS = ("cudaMalloc", "cudaFree", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+         "cudaMemcpy", "cuMemMap", "cuMemUnmap", "cuMemCreate", "cuMemRelease", "cudaHostAlloc")
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    """The complete ('X') events of a Chrome trace (.json or .json.gz)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+
+
+def newest_trace(path: Path) -> Path:
+    if path.is_file():
+        return path
+    found = sorted((p for p in path.rglob("*.json*") if p.name.endswith((".json", ".json.gz"))),
+                   key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"trace_summary: no .json or .json.gz trace under {path}")
+    return found[-1]
+
+
+class Union:
+    """Sorted disjoint intervals (µs): the union of the given ones, and how much of a span they cover."""
+
+    def __init__(self, intervals: list[tuple[float, float]]):
+        self.spans: list[tuple[float, float]] = []
+        for start, end in sorted(intervals):
+            if self.spans and start <= self.spans[-1][1]:
+                self.spans[-1] = (self.spans[-1][0], max(self.spans[-1][1], end))
+            else:
+                self.spans.append((start, end))
+        self.starts = [a for a, _ in self.spans]
+
+    def cover(self, start: float, end: float) -> float:
+        total, i = 0.0, max(0, bisect.bisect_right(self.starts, start) - 1)
+        while i < len(self.spans) and self.spans[i][0] < end:
+            a, b = self.spans[i]
+            total += max(0.0, min(end, b) - max(start, a))
+            i += 1
+        return total
+
+    def total(self) -> float:
+        return sum(b - a for a, b in self.spans)
+
+
+def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, top: int = 8) -> dict[str, Any]:
+    """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs)."""
+    where = Union(spans)
+    wall = where.total()
+    busy = sum(gpu.cover(a, b) for a, b in where.spans)
+    kernels: Counter[str] = Counter()
+    waits: Counter[str] = Counter()
+    wait_counts: Counter[str] = Counter()
+    for e in events:
+        cat = e.get("cat", "")
+        if cat == "kernel" and where.cover(e["ts"], e["ts"] + e["dur"]) > 0:
+            kernels[e["name"][:80]] += e["dur"]
+        elif (cat in ("cuda_runtime", "cuda_driver") and e["name"].startswith(WAITS)
+              and where.cover(e["ts"], e["ts"] + e["dur"]) > 0):
+            waits[e["name"]] += e["dur"]
+            wait_counts[e["name"]] += 1
+    return {"occurrences": len(where.spans), "wall_s": round(wall / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
+            "gpu_busy_share": round(busy / wall, 3) if wall else None,
+            "top_kernels_s": {k: round(v / 1e6, 6) for k, v in kernels.most_common(top)},
+            "waits": {k: {"calls": wait_counts[k], "s": round(v / 1e6, 6)} for k, v in waits.most_common(top)}}
+
+
+def summarize(events: list[dict[str, Any]], names: tuple[str, ...] = WINDOWS) -> dict[str, Any]:
+    gpu = Union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_CATEGORIES])
+    host = [e for e in events if e.get("cat") not in GPU_CATEGORIES]
+    whole = (min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)) if host else (0.0, 0.0)
+    out = {"trace": window(events, [whole], gpu)}
+    for name in names:
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("cat") in WINDOW_CATEGORIES and name in e.get("name", "")]
+        out[name] = window(events, spans, gpu) if spans else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", help="a .json / .json.gz trace, or a directory: its newest")
+    ap.add_argument("--window", action="append", default=[], help="more window names (markers or Python frames)")
+    args = ap.parse_args(argv)
+    path = newest_trace(Path(args.trace))
+    from benchmarks.record import emit
+
+    emit("trace", {"bench": "trace", "file": str(path), "windows": summarize(load(path), (*WINDOWS, *args.window))})
+
+
+if __name__ == "__main__":
+    main()

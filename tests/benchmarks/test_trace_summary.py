@@ -1,0 +1,61 @@
+"""benchmarks/trace_summary.py: windows found in a real torch profiler trace (CPU here), and the GPU's busy time
+inside a window counted once where kernels overlap."""
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks import trace_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_trace(path: Path) -> Path:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        with torch.profiler.record_function("actor_update"):  # verl's marker of the update stage
+            for _ in range(3):
+                model(torch.randn(32, 64)).sum().backward()
+            optimizer.step()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_a_real_traces_update_window_is_found_and_has_no_gpu_time(tmp_path):
+    events = trace_summary.load(cpu_trace(tmp_path / "actor.json"))
+    out = trace_summary.summarize(events)
+    update = out["actor_update"]
+    assert update["occurrences"] == 1 and 0 < update["wall_s"] <= out["trace"]["wall_s"]
+    assert update["gpu_busy_s"] == 0 and update["gpu_busy_share"] == 0 and update["top_kernels_s"] == {}
+    assert out["empty_cache"] is None  # not called: no window, not an empty one
+
+
+def test_overlapping_kernels_count_once_and_only_inside_the_window():
+    events = [{"ph": "X", "cat": "user_annotation", "name": "actor_update", "ts": 0, "dur": 30},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 10},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5, "dur": 10},      # overlaps the first
+              {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 20, "dur": 5},
+              {"ph": "X", "cat": "kernel", "name": "later", "ts": 40, "dur": 10},    # after the window
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaFree", "ts": 26, "dur": 3},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::empty_cache", "ts": 45, "dur": 5}]
+    out = trace_summary.summarize(events)
+    assert out["actor_update"]["gpu_busy_s"] == 20e-6 and out["actor_update"]["gpu_busy_share"] == 0.667
+    assert out["actor_update"]["top_kernels_s"] == {"gemm": 20e-6}
+    assert out["actor_update"]["waits"] == {"cudaFree": {"calls": 1, "s": 3e-6}}
+    assert out["empty_cache"]["gpu_busy_s"] == 5e-6  # "later" runs half of its 10 µs under it
+
+
+def test_the_command_reads_the_newest_gzipped_trace_of_a_directory(tmp_path):
+    old = cpu_trace(tmp_path / "old.json")
+    new = tmp_path / "new.json.gz"
+    with gzip.open(new, "wt") as f:
+        f.write(old.read_text())
+    done = subprocess.run([sys.executable, "benchmarks/trace_summary.py", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.splitlines()[-1])
+    assert line["file"] == str(new) and line["windows"]["actor_update"]["occurrences"] == 1
