@@ -13,6 +13,7 @@ Keys of ours with no verl counterpart stay ours (`env.*`, `rollout.max_response_
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.sampler import sampler_values
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
+from rl_factory.backends.verl.validate import verl_defaults
 from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short, closest_key_hint
 
 log = logging.getLogger("rl_factory.verl")
@@ -167,10 +169,13 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
 
     parsed = OverridesParser.create().parse_overrides(list(raw_overrides))
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            base = compose(config_name="verl")
-            _check_keys(base, parsed)
-            cfg = compose(config_name="verl", overrides=list(raw_overrides)) if raw_overrides else base
+        base = verl_defaults()  # the checks of the composed config compare against the same one (validate.py)
+        _check_keys(base, parsed)
+        if raw_overrides:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+                cfg = compose(config_name="verl", overrides=list(raw_overrides))
+        else:
+            cfg = copy.deepcopy(base)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_short(str(exc))) from None
     given = {o.key_or_group for o in parsed}

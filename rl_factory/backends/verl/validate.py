@@ -110,7 +110,7 @@ def check_keys(cfg: DictConfig) -> None:
     """Every key of `cfg` outside `rl_factory` is in verl's schema (configs/verl.yaml), a field of the
     dataclass verl converts its slice to, under a free-form node (an empty one: engine_kwargs, env_vars),
     or at least a name verl's code reads; else the first one found is named with the closest known key."""
-    for path, parent in _added(cfg, _schema(), ""):
+    for path, parent in _added(cfg, verl_defaults(), ""):
         where, _, leaf = path.rpartition(".")
         target = parent.get("_target_") if _converted(where) else KWARGS_OF.get(where)
         fields = (_parameters(target) if where in KWARGS_OF else _fields(target)) if target else None
@@ -145,8 +145,9 @@ def _converted(path: str) -> bool:
 
 
 @lru_cache(maxsize=None)
-def _schema() -> DictConfig:
-    """configs/verl.yaml as composed without overrides: verl's ppo_trainer and our defaults."""
+def verl_defaults() -> DictConfig:
+    """configs/verl.yaml as composed without overrides: verl's ppo_trainer and our defaults. Composed once a process
+    (a Hydra compose of verl's tree takes most of a second); read-only: copy it before changing it."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
