@@ -97,11 +97,6 @@ class KeepCache:
 
 def use_keep_cache(trainer_mode: str) -> type:
     """Put KeepCache in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
-    from verl.trainer.ppo.v1 import trainer_base
+    from rl_factory.backends.verl.trainer_front import put_in_front
 
-    base = trainer_base.get_trainer_cls(trainer_mode)
-    if issubclass(base, KeepCache):
-        return base
-    cls = type(f"KeepCache{base.__name__}", (KeepCache, base), {"__module__": __name__})
-    trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
-    return cls
+    return put_in_front(trainer_mode, KeepCache)

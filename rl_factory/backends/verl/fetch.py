@@ -160,12 +160,9 @@ def use_narrow_fetch(trainer_mode: str) -> type:
     """
     from verl.trainer.ppo.v1 import trainer_base
 
+    from rl_factory.backends.verl.trainer_front import put_in_front
+
     base = trainer_base.get_trainer_cls(trainer_mode)
-    if issubclass(base, NarrowFetch):
-        return base
     own = base._compute_old_log_prob is trainer_base.PPOTrainer._compute_old_log_prob
-    cls = type(f"NarrowFetch{base.__name__}", (NarrowFetch, base),
-               {"__module__": __name__, **({"_compute_old_log_prob": old_log_prob_pass} if own else {})})
-    trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
-    return cls
+    return put_in_front(trainer_mode, NarrowFetch, attrs={"_compute_old_log_prob": old_log_prob_pass} if own else None)
 

@@ -21,9 +21,8 @@ from rl_factory.backends.verl import startup
 def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False,
                 keep_cache: bool = False) -> type:
     """Put our classes in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there."""
-    from verl.trainer.ppo.v1 import trainer_base
-
     from rl_factory.backends.verl import actor_cache, fetch, trained
+    from rl_factory.backends.verl.trainer_front import put_in_front
 
     if keep_cache:
         actor_cache.use_keep_cache(trainer_mode)
@@ -31,12 +30,7 @@ def use_trainer(trainer_mode: str, narrow_fetch: bool, guard_batch: bool = False
         fetch.use_narrow_fetch(trainer_mode)
     if guard_batch:  # outside NarrowFetch: it reads the batch as the update's own call hands it on
         trained.use_trained_batch(trainer_mode)
-    base = trainer_base.get_trainer_cls(trainer_mode)
-    if issubclass(base, startup.StartupTrainer):
-        return base
-    cls = type(f"Startup{base.__name__}", (startup.StartupTrainer, base), {"__module__": __name__})
-    trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
-    return cls
+    return put_in_front(trainer_mode, startup.StartupTrainer, name="Startup")
 
 
 def task_runner(base: Any, narrow_fetch: bool, guard_batch: bool = False, keep_cache: bool = False) -> Any:

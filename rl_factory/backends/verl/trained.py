@@ -102,11 +102,6 @@ def wanted(cfg: Any) -> bool:
 def use_trained_batch(trainer_mode: str) -> type:
     """Put TrainedBatch in front of the trainer registered as `trainer_mode` (idempotent); returns the class now there.
     Outermost, so it reads the batch as the update's own call (narrowed or not, fetch.py) will hand it on."""
-    from verl.trainer.ppo.v1 import trainer_base
+    from rl_factory.backends.verl.trainer_front import put_in_front
 
-    base = trainer_base.get_trainer_cls(trainer_mode)
-    if issubclass(base, TrainedBatch):
-        return base
-    cls = type(f"TrainedBatch{base.__name__}", (TrainedBatch, base), {"__module__": __name__})
-    trainer_base.TRAINER_REGISTRY[trainer_mode] = cls
-    return cls
+    return put_in_front(trainer_mode, TrainedBatch)
