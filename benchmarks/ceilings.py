@@ -72,6 +72,8 @@ def ceiling_train(spec: dict) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
                                                  attn_implementation=attention_implementation()).cuda()
+    if spec.get("checkpointing"):  # as the actor does where its activations would not fit (the 4B on one GPU)
+        model.gradient_checkpointing_enable()
     budget, lengths = spec["token_budget"], spec["lengths"]
     batches, current = [], []
     for n in lengths:
@@ -110,6 +112,7 @@ def ceiling_train(spec: dict) -> dict:
         seconds = statistics.median(times)
         out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
     out["attn_implementation"] = attention_implementation()
+    out["checkpointing"] = bool(spec.get("checkpointing"))
     return out
 
 

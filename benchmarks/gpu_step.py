@@ -279,7 +279,8 @@ TUNED_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
               "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_fused_kernels",
               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.gpu_memory_utilization",
               "actor_rollout_ref.rollout.cudagraph_capture_sizes", "actor_rollout_ref.model.fused_kernel_options.impl_backend",
-              "algorithm.rollout_correction.bypass_mode", "ray_kwargs.ray_init.runtime_env.env_vars.RL_FACTORY_OLD_LOG_PROBS")
+              "algorithm.rollout_correction.bypass_mode", "ray_kwargs.ray_init.runtime_env.env_vars.RL_FACTORY_OLD_LOG_PROBS",
+              "actor_rollout_ref.rollout.free_cache_engine", "actor_cache_at_sync")
 
 
 def cfg_job(args: argparse.Namespace, out: Path) -> dict:
@@ -382,9 +383,11 @@ def main(argv: list[str] | None = None) -> None:
             "gen_lens": [max(1, n) for n in lengths["generated"][: round(trajectories)]], "vocab": _vocab(model)}, out)
         steps_measured = max(1, len(steps))
         one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
+        tuned = result["tuned"]
         train = measure_ceiling("train", {"model": str(model), "lengths": one_step,
-                                          "token_budget": result["tuned"]["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
-                                          or 16384}, out)
+                                          "token_budget": tuned["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] or 16384,
+                                          "checkpointing": bool(tuned["actor_rollout_ref.model.enable_gradient_checkpointing"])},
+                                out)
         result["ceilings"] = {"vllm_generate": vllm, **train}
         result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train)
     if args.earlier:  # the headline numbers over this launch and the last one of the same job (launches.py)

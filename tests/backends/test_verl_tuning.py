@@ -92,6 +92,25 @@ def test_vllm_kv_cache_holds_the_steps_trajectories_instead_of_filling_its_memor
     assert key not in _values(None, **job)  # shape unknown
 
 
+def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_16k_token_micro_batches_beside_it():
+    awake, budget = "actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
+    v = _values(QWEN3_06B, **job)
+    # vLLM's weights, 42 GiB of KV cache and its runtime leave the trainer less than 32k tokens, still over 16k
+    assert v[awake] is False and 16384 <= v[budget] < 32768
+    assert v["actor_rollout_ref.model.enable_gradient_checkpointing"] is False
+    asleep = _values(QWEN3_06B, **job, free_cache_engine=True)  # given on the command line: the trainer gets it all
+    assert awake not in asleep and asleep[budget] == 32768
+    # an 80 GB GPU would have to checkpoint or go under 16k tokens beside vLLM: it sleeps, verl's default
+    assert awake not in _values(QWEN3_06B, **job, gpu_total=80 * GIB)
+    # the 4B checkpoints on one H200 anyway: the trainer takes vLLM's memory every step
+    assert awake not in _values(QWEN3_4B, **job)
+    # vLLM sizing its cache from its whole share (256 trajectories) leaves nothing to plan the trainer on
+    assert awake not in _values(QWEN3_06B, **{**job, "concurrency": 256})
+    assert awake not in _values(QWEN3_06B)  # no vLLM
+    assert _values(TINY, **job)[awake] is False
+
+
 def test_missing_rollout_engine_is_one_line_naming_the_install():
     from omegaconf import OmegaConf
 
@@ -258,7 +277,11 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes[-1] == top_graph
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
-    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
+    # 128 trajectories a replica or fewer: their KV cache is planned and vLLM stays awake beside the trainer, whose
+    # micro-batches shrink to what is left; 256 fill vLLM's share, which must go back to the trainer every step
+    tokens = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is (top_graph == 256)
+    assert tokens == 32768 if top_graph == 256 else 16384 <= tokens < 32768
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length
 
 

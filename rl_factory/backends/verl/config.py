@@ -184,7 +184,7 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     for key, value in sampler_values(cfg, given).items():  # verl's replay buffer, polling every 50 ms
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-    tuned = performance_plan(cfg, model_path)
+    tuned = performance_plan(cfg, model_path, given)
     for key, value in tuned.values.items():
         if key not in given:
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
@@ -205,6 +205,7 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
 
 
 VARLEN_MODULE = "rl_factory.models.varlen_attention"
+SLEEP_KEY = "actor_rollout_ref.rollout.free_cache_engine"
 
 
 def _storage_units(cfg: DictConfig) -> int:
@@ -223,8 +224,9 @@ def _add_external_lib(cfg: DictConfig, prefix: str, given: set[str]) -> None:
         OmegaConf.update(cfg, key, [VARLEN_MODULE, *libs], merge=False, force_add=True)
 
 
-def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
-    """The tuned settings for this model and GPU (rl_factory/backends/verl/tuning.py)."""
+def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozenset()) -> Plan:
+    """The tuned settings for this model and GPU (rl_factory/backends/verl/tuning.py); `given`: the keys set on
+    the command line (a given free_cache_engine decides whether vLLM sleeps, and the budgets follow it)."""
     shape = None if model_path.startswith("builtin:") else ModelShape.from_path(model_path)
     total, _measured = gpu_bytes()
     try:
@@ -233,7 +235,8 @@ def performance_plan(cfg: DictConfig, model_path: str) -> Plan:
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
-                    else 0, nodes=int(cfg.trainer.nnodes), storage_units=_storage_units(cfg))
+                    else 0, nodes=int(cfg.trainer.nnodes), storage_units=_storage_units(cfg),
+                    free_cache_engine=bool(cfg.actor_rollout_ref.rollout.free_cache_engine) if SLEEP_KEY in given else None)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

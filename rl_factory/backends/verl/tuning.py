@@ -130,14 +130,30 @@ def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
     return sizes if sizes[-1] == top else [*sizes, top]
 
 
+def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int, kv_cache: int | None) -> int | None:
+    """The trainer's activation budget with vLLM awake beside it, or None where vLLM should sleep between rollouts.
+
+    Awake, vLLM keeps its weights, its KV cache and its runtime (`kv_cache`: the KV bytes planned; None when vLLM
+    sizes its cache from its whole share, which leaves the trainer too little to plan on). It stays awake only
+    where the trainer loses nothing that matters: no gradient checkpointing, and still `need` tokens (16k, or the
+    longest sequence) a micro-batch. Where memory is tight (a 4B model on one GPU checkpoints), the trainer gets
+    vLLM's memory back every step, as verl does by default.
+    """
+    if kv_cache is None or checkpointing:
+        return None
+    awake = budget - (2 * shape.params + kv_cache + VLLM_RUNTIME_BYTES)
+    return awake if awake // shape.activation_bytes_per_token(False) >= need else None
+
+
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
-         nodes: int = 1, storage_units: int = 0) -> Plan:
+         nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
     `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
+    `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
     """
     out = Plan()
     if 2 * nodes < storage_units:
@@ -185,9 +201,34 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
             "with actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
     no_ckpt = budget // shape.activation_bytes_per_token(False)
     checkpointing = no_ckpt < need
+    fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
+    # vLLM's share while it is awake beside the trainer's state
+    room = (gpu_total * 0.9 - static) / gpu_total
+    share = round(max(0.1, min(ROLLOUT_MEMORY_SHARE, room)), 2)
+    out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
+            f"vLLM's weights and KV cache beside {static / GIB:.0f} GiB of training state")
+    kv_cache = None
+    if vllm_request_tokens > 0 and concurrency > 0:
+        # per GPU as if unsharded: tensor parallelism only makes the real need smaller
+        kv_need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
+        kv_room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
+        if kv_need < kv_room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
+            kv_cache = kv_need
+            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", kv_need,
+                    f"{kv_need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, "
+                    f"twice over, instead of the ~{kv_room / GIB:.0f} GiB left in vLLM's share, whose every block "
+                    "verl's prefix-cache reset walks at each weight sync")
+    awake = awake_budget(shape, budget, checkpointing, need, kv_cache) if free_cache_engine is not True else None
+    if awake is not None:
+        # verl's default (free_cache_engine=true) puts vLLM to sleep after every rollout and wakes it at every weight
+        # sync: its weights and KV cache are freed and mapped again, and the actor's CUDA cache is emptied for them
+        budget = awake
+        fits = f"{budget / GIB:.0f} GiB left for activations beside vLLM and {static / GIB:.0f} GiB of training state"
+        out.set("actor_rollout_ref.rollout.free_cache_engine", False,
+                f"vLLM stays awake between rollouts ({fits}, still {need} tokens a micro-batch without "
+                "checkpointing): no step frees its weights and KV cache and maps them again")
     tokens = budget // shape.activation_bytes_per_token(checkpointing)
     tokens = max(longest_sequence, min(MAX_TOKENS_PER_MICRO, tokens))
-    fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
     out.set("actor_rollout_ref.model.enable_gradient_checkpointing", checkpointing,
             f"{fits}: {no_ckpt} tokens fit without it" + (" (too few)" if checkpointing else ""))
     out.set("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens, f"tokens per micro-batch that fit ({fits})")
@@ -201,18 +242,4 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
         out.set("critic.use_dynamic_bsz", True, "as the actor")
         out.set("critic.ppo_max_token_len_per_gpu", tokens, "as the actor")
         out.set("critic.model.enable_gradient_checkpointing", checkpointing, "as the actor")
-    # vLLM is awake while the trainer's state stays on the GPU: its share must leave that room.
-    room = (gpu_total * 0.9 - static) / gpu_total
-    share = round(max(0.1, min(ROLLOUT_MEMORY_SHARE, room)), 2)
-    out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
-            f"vLLM's weights and KV cache beside {static / GIB:.0f} GiB of training state")
-    if vllm_request_tokens > 0 and concurrency > 0:
-        # per GPU as if unsharded: tensor parallelism only makes the real need smaller
-        need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
-        kv_room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
-        if need < kv_room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
-            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", need,
-                    f"{need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, twice "
-                    f"over, instead of the ~{kv_room / GIB:.0f} GiB left in vLLM's share, whose every block verl's "
-                    "prefix-cache reset walks at each weight sync")
     return out
