@@ -43,7 +43,8 @@ VARIANTS = {
     "eager": Variant(("actor_rollout_ref.rollout.enforce_eager=true",), "rollout_servers",
                      "decode runs without CUDA graphs: a slower generate phase every step"),
     # verl's default keeps vLLM asleep between rollouts (weights and KV cache released for the trainer): the
-    # replicas sleep before the checkpoint load and wake for the first weight sync
+    # replicas sleep before the checkpoint load and wake for the first weight sync. The tuning plan keeps it awake
+    # where the trainer loses nothing by it (the 0.6B shape on an H200): there this variant is the baseline
     "awake": Variant(("actor_rollout_ref.rollout.free_cache_engine=false",), "rollout_sleep, weight_sync",
                      "vLLM's weights and KV cache stay on the GPU beside the trainer's state (fine for small models)"),
     "no_dashboard": Variant(("+ray_kwargs.ray_init.include_dashboard=false",), "ray_init",
