@@ -3,6 +3,8 @@
     python benchmarks/ab.py actor_cache_at_sync=keep                        # 0.6B shape, 5 steps each, A then B
     python benchmarks/ab.py --b-first actor_cache_at_sync=keep              # B then A (the order's own effect)
     python benchmarks/ab.py --cfg-job actor_cache_at_sync=keep              # compose both commands only (no GPU)
+    python benchmarks/ab.py --common actor_rollout_ref.rollout.free_cache_engine=false actor_cache_at_sync=keep
+                                                        # both sides with vLLM awake: B adds only actor_cache_at_sync=keep
     bash benchmarks/gpu_suite.sh ab actor_cache_at_sync=keep                # on the lent GPU: both in one call
 
 Each side is `benchmarks/gpu_step.py --shape S --steps K --no-ceilings` (its own line and record too), so both run on
@@ -67,18 +69,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_suite"))
     ap.add_argument("--b-first", action="store_true", help="run B before A")
     ap.add_argument("--cfg-job", action="store_true", help="compose both commands (main_grpo.sh --cfg job), no GPU")
+    ap.add_argument("--common", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override both sides run with (repeatable): B then differs from A only by `overrides`")
     ap.add_argument("overrides", nargs="+", help="B's overrides (main_grpo.sh key=value, ours or verl's)")
     args = ap.parse_args(argv)
     base = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--shape", args.shape, "--steps", str(args.steps),
             "--no-ceilings", "--timeout", str(args.timeout), "--out", args.out]
     if args.cfg_job:
-        codes = [subprocess.run([*base, "--cfg-job", *o], cwd=ROOT).returncode for o in ([], args.overrides)]
+        codes = [subprocess.run([*base, "--cfg-job", *args.common, *o], cwd=ROOT).returncode
+                 for o in ([], args.overrides)]
         sys.exit(max(codes))
     order = [("b", args.overrides), ("a", [])] if args.b_first else [("a", []), ("b", args.overrides)]
-    sides = {name: run_side(base, overrides, args.timeout) for name, overrides in order}
+    sides = {name: run_side(base, [*args.common, *overrides], args.timeout) for name, overrides in order}
     from benchmarks.record import emit
 
     emit("ab", {"bench": "ab", "shape": args.shape, "steps": args.steps, "overrides": args.overrides,
+                "common": args.common,
                 "order": [name for name, _ in order], "a": sides["a"], "b": sides["b"],
                 "b_over_a": compare(sides["a"], sides["b"])})
 

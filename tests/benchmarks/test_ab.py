@@ -38,9 +38,14 @@ def test_a_side_without_a_line_says_why_and_the_other_still_counts():
 @pytest.mark.slow  # composes verl's config twice through main_grpo.sh
 def test_both_sides_compose(tmp_path):
     pytest.importorskip("verl", reason="verl is an extra")
-    done = subprocess.run([sys.executable, "benchmarks/ab.py", "--cfg-job", "--out", str(tmp_path),
+    awake = "actor_rollout_ref.rollout.free_cache_engine=false"
+    done = subprocess.run([sys.executable, "benchmarks/ab.py", "--cfg-job", "--out", str(tmp_path), "--common", awake,
                            "actor_cache_at_sync=keep"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     sides = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     assert [s["exit_code"] for s in sides] == [0, 0]
     assert "actor_cache_at_sync=keep" not in sides[0]["command"] and "actor_cache_at_sync=keep" in sides[1]["command"]
+    # the common override on both sides, composed: vLLM awake on both, the cache kept on B only
+    assert all(awake in s["command"] and s["tuned"]["actor_rollout_ref.rollout.free_cache_engine"] is False
+               for s in sides)
+    assert [s["tuned"]["actor_cache_at_sync"] for s in sides] == ["release", "keep"]
