@@ -22,13 +22,26 @@ SAME_JOB = ("model", "shape", "agent_loop", "lora_rank", "gpus", "tp", "batch", 
 PHASES = ("generate", "old_log_prob", "update", "update_weights")
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two gpu_step records ran one job: SAME_JOB's keys equal, the model's path as one file (`--out
+    outputs/gpu_suite` and ab.py's absolute `<checkout>/outputs/gpu_suite` name the same weights)."""
+    def model(r: dict[str, Any]) -> str | None:
+        path = r.get("model")
+        return str((ROOT / path).resolve()) if path else None  # an absolute path stays itself
+
+    return model(a) == model(b) and all(a.get(key) == b.get(key) for key in SAME_JOB if key != "model")
+
+
 def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:
     """The newest gpu_step record in `results` of the job `result` ran, on the GPU model `gpu`, that has per-step
     numbers (a record made before they were kept cannot be joined)."""
     lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
     for line in reversed(lines):
         if (line.get("benchmark") == "gpu_step" and (line.get("machine") or {}).get("gpu") == gpu
-                and all(line.get(key) == result.get(key) for key in SAME_JOB) and line.get("per_step")):
+                and same_job(line, result) and line.get("per_step") and line.get("date") != result.get("date")):
             return line
     return None
 
@@ -53,3 +66,30 @@ def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
     if "vllm_generate" in ceilings:
         joined["ratio_to_ceiling"] = ratios(joined["phases"], medians["step"], ceilings["vllm_generate"], ceilings)
     return joined
+
+
+def join_newest(results: Path) -> dict[str, Any]:
+    """The newest gpu_step record of `results` joined with the launch before it of the same job on the same GPU
+    model: what `gpu_step.py --earlier` would have printed, for a launch whose call named no --earlier or missed
+    its earlier record. The newest record's own date, commit, machine and command stay; `joined_by` says how."""
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    newest = next(r for r in reversed(lines) if r.get("benchmark") == "gpu_step")
+    newest = {k: v for k, v in newest.items() if k not in ("launches", "earlier_missing")}
+    earlier = earlier_launch(newest, (newest.get("machine") or {}).get("gpu"), results)
+    if earlier is None:
+        raise SystemExit(f"{results}: no earlier launch of the newest record's job on {newest.get('machine')}")
+    return {**join(newest, earlier), "joined_by": f"python -m benchmarks.launches {results.name}"}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from benchmarks.record import append
+
+    ap = argparse.ArgumentParser(description="Join the newest gpu_step record with the earlier launch of its job: "
+                                 "the joined record is appended to the same file and printed")
+    ap.add_argument("results", type=Path, help="a gpu_step.jsonl")
+    path = ap.parse_args().results
+    joined = join_newest(path)
+    append("gpu_step", joined, path.parent)  # its own provenance, not this machine's: not record.emit
+    print(json.dumps(joined))

@@ -39,7 +39,9 @@ HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "
         "tokens a trajectory (ours generated / TRL completion)", "machine", "commands", "commit", "date"]
 
 
-JOB_NEUTRAL = ("trainer.guard.",)  # overrides that leave the job's work as it is
+# overrides that leave the job's work as it is: what the guard checks, and the actor's cache at the sync (keep, the
+# default, was given on the command line by the launches that measured it against release)
+JOB_NEUTRAL = ("trainer.guard.", "actor_cache_at_sync=")
 
 
 def ours_matches(r: dict[str, Any], shape: str) -> bool:

@@ -56,7 +56,7 @@ def test_keep_swaps_in_the_cache_keeping_worker_and_release_keeps_verls(tmp_path
 def test_a_bad_value_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"actor_cache_at_sync='sometimes': expected one of release, keep"):
         actor_cache.mode({"actor_cache_at_sync": "sometimes"})
-    assert actor_cache.mode({}) == "release"
+    assert actor_cache.mode({}) == "keep"
 
 
 @pytest.mark.parametrize("free_cache_engine, offload, backend, kept", [

@@ -40,12 +40,12 @@ def test_both_sides_compose(tmp_path):
     pytest.importorskip("verl", reason="verl is an extra")
     awake = "actor_rollout_ref.rollout.free_cache_engine=false"
     done = subprocess.run([sys.executable, "benchmarks/ab.py", "--cfg-job", "--out", str(tmp_path), "--common", awake,
-                           "actor_cache_at_sync=keep"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "actor_cache_at_sync=release"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     sides = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     assert [s["exit_code"] for s in sides] == [0, 0]
-    assert "actor_cache_at_sync=keep" not in sides[0]["command"] and "actor_cache_at_sync=keep" in sides[1]["command"]
-    # the common override on both sides, composed: vLLM awake on both, the cache kept on B only
+    assert "actor_cache_at_sync=release" not in sides[0]["command"] and "actor_cache_at_sync=release" in sides[1]["command"]
+    # the common override on both sides, composed: vLLM awake on both, the cache kept (the default) on A only
     assert all(awake in s["command"] and s["tuned"]["actor_rollout_ref.rollout.free_cache_engine"] is False
                for s in sides)
-    assert [s["tuned"]["actor_cache_at_sync"] for s in sides] == ["release", "keep"]
+    assert [s["tuned"]["actor_cache_at_sync"] for s in sides] == ["keep", "release"]

@@ -78,3 +78,36 @@ def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is
     assert joined["this_launch"]["step_s"] == pytest.approx(3.85)
     assert joined["ratio_to_ceiling"]["update_vs_forward_backward"] == pytest.approx(0.69 / 1.15)
     assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)
+
+
+def test_a_launch_recorded_without_its_earlier_one_is_joined_afterwards(tmp_path):
+    """ab.py names the model by an absolute path, a hand-run gpu_step.py by a relative one: the same weights, so
+    the same job; `python -m benchmarks.launches RESULTS` joins the newest record with it after the fact."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.launches import same_job
+
+    root = Path(__file__).resolve().parents[2]
+    earlier = {**launch_record([2.3, 2.3, 2.3, 2.4], [0.84, 0.85, 0.83, 0.86]),
+               "model": str(root / "outputs/gpu_suite/model-qwen3-0.6b"), "date": "2026-12-06T02:42:56+00:00"}
+    newest = {**launch_record([2.8, 2.8, 2.9, 2.8], [0.91, 0.90, 0.90, 0.94]), "model": "outputs/gpu_suite/model-qwen3-0.6b",
+              "date": "2026-12-06T02:47:28+00:00", "launches": 1, "earlier_missing": "/root/outputs/bench/gpu_step.jsonl",
+              "ceilings": {"vllm_generate": VLLM, **TRAIN}}
+    assert same_job(earlier, newest) and not same_job(earlier, {**newest, "model": "outputs/gpu_suite/model-qwen3-4b"})
+    results = tmp_path / "gpu_step.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (earlier, newest)))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.launches", str(results)], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    joined = json.loads(done.stdout)
+    assert json.loads(results.read_text().splitlines()[-1]) == joined  # recorded in the same file
+    assert joined["launches"] == 2 and "earlier_missing" not in joined and joined["date"] == newest["date"]
+    assert joined["earlier_invocation"]["date"] == earlier["date"]
+    assert joined["step_s"] == pytest.approx(statistics.median([2.3, 2.3, 2.3, 2.4, 2.8, 2.8, 2.9, 2.8]))
+    # a file whose newest record has no earlier launch of its job says so instead of joining another
+    results.write_text(json.dumps(newest) + "\n")
+    alone = subprocess.run([sys.executable, "-m", "benchmarks.launches", str(results)], cwd=root, capture_output=True,
+                           text=True, timeout=120)
+    assert alone.returncode != 0 and "no earlier launch" in alone.stderr

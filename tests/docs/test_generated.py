@@ -121,6 +121,11 @@ def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned], "vs_trl": trl}),
                                              "qwen3-0.6b")))
     assert got["step s ours / TRL"] == "4 / 5"
+    # the actor's cache at the sync changes no work either: a launch that kept it is still ours beside TRL
+    kept = gpu_step_record("2026-12-05T12:00", 2.5, overrides=["actor_cache_at_sync=keep"])
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned, kept], "vs_trl": trl}),
+                                             "qwen3-0.6b")))
+    assert got["step s ours / TRL"] == "2.5 / 5"
 
 
 def test_the_trl_table_shows_one_side_with_the_other_not_measured_yet():
