@@ -4,9 +4,9 @@ verl's colocated weight sync (`ActorRolloutRefWorker.update_weights`, engine_wor
 actor process's CUDA cache before it resumes vLLM's weights and again after the sync, and its bucket sender empties
 it once more (bucketed_weight_transfer.py). That hands the update's activations and gradients back to the driver
 so that vLLM, woken from sleep, can map its weights and KV cache. With vLLM kept awake
-(`actor_rollout_ref.rollout.free_cache_engine=false`, tuning.py's choice where it fits) and the actor's parameters on the GPU,
-nothing is mapped: vLLM's memory was never released. The cache is then handed back and taken again every step:
-py-spy on the FSDP worker (one H200, the 0.6B shape, 16 x 8) found 27 of the sync's 50 samples in
+(`actor_rollout_ref.rollout.free_cache_engine=false`, tuning.py's choice where it fits) and the actor's parameters
+on the GPU, nothing is mapped: vLLM's memory was never released. The cache is then handed back and taken again
+every step: py-spy on the FSDP worker (one H200, the 0.6B shape, 16 x 8) found 27 of the sync's 50 samples in
 `torch.cuda.empty_cache()`, and the next update allocates all its memory from the driver again.
 
 `actor_cache_at_sync: keep` (configs/verl.yaml) runs verl's own `update_weights` with the cache's emptying skipped,

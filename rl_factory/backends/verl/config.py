@@ -236,7 +236,7 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
                     else 0, nodes=int(cfg.trainer.nnodes), storage_units=_storage_units(cfg),
-                    free_cache_engine=bool(cfg.actor_rollout_ref.rollout.free_cache_engine) if SLEEP_KEY in given else None)
+                    free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

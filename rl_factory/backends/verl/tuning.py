@@ -3,9 +3,9 @@
 verl's own defaults suit none of our runs well: flash-attn-only padding-free attention, padded
 fixed-size micro-batches, full-vocab fp32 logits for every log-prob, gradient checkpointing always on,
 a vLLM memory share that ignores what the trainer keeps on the GPU, and a KV cache that fills that share.
-`plan()` decides each of these, and whether vLLM sleeps between rollouts, for the model at hand (its shape read from its config, its size counted on
-the meta device) and the GPU's memory, and says why in one line each; any of these keys set on the command
-line wins.
+`plan()` decides each of these, and whether vLLM sleeps between rollouts, for the model at hand (its shape read
+from its config, its size counted on the meta device) and the GPU's memory, and says why in one line each; any of
+these keys set on the command line wins.
 
 The memory model (bytes, per GPU, FSDP over `gpus` ranks, bf16 compute, fp32 master weights as verl
 keeps them):
