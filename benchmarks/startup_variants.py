@@ -95,7 +95,8 @@ def compile_cache(env: dict[str, str]) -> str:
 def startup_record(run_dir: Path) -> dict | None:
     """The launch's startup.json (None if the launch never reached our TaskRunner's first mark), with how much
     of what its processes import had compiled bytecode (rl_factory/backends/verl/bytecode.py: without it, each
-    process compiles its imports from source)."""
+    process compiles its imports from source) and the launcher's background inspection of the model for vLLM
+    (rl_factory/backends/verl/vllm_model_info.py: whether vLLM's cache had it, when it ended)."""
     path = run_dir / "startup.json"
     try:
         record = json.loads(path.read_text())
@@ -107,6 +108,11 @@ def startup_record(run_dir: Path) -> dict | None:
     record["bytecode"] = {"writes_bytecode": found["writes_bytecode"],
                           "without": {name: f"{p['without_bytecode']}/{p['modules']}"
                                       for name, p in found["packages"].items()}}
+    from rl_factory.backends.verl.vllm_model_info import FILE
+
+    inspected = run_dir / FILE
+    if inspected.is_file():
+        record["vllm_model_info"] = [json.loads(line) for line in inspected.read_text().splitlines() if line.strip()]
     return record
 
 

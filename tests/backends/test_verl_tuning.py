@@ -65,6 +65,14 @@ def test_vllm_streams_only_a_requests_first_token_and_final_output():
     assert key not in _values(None)  # another rollout engine (sglang) has no such argument
 
 
+def test_a_one_gpu_vllm_replica_runs_its_model_in_the_engine_process():
+    # verl asks for vLLM's multiprocess executor, one more process per replica at start-up
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+    assert _values(None, vllm_request_tokens=1536)[key] == "uni"
+    assert key not in _values(None, vllm_request_tokens=1536, replica_gpus=2)  # tensor parallel: vLLM's workers
+    assert key not in _values(None)  # not vLLM
+
+
 def test_transfer_queue_starts_two_storage_units_a_node_instead_of_eight():
     """Each unit is a process started before training (tq.init: 16.8 s with 8, 5.4 s with 2 on a 2-core VM)."""
     key = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
@@ -283,6 +291,8 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert cfg.actor_rollout_ref.rollout.free_cache_engine is (top_graph == 256)
     assert tokens == 32768 if top_graph == 256 else 16384 <= tokens < 32768
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length
+    executor = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend")
+    assert executor == ("uni" if args.tp == 1 else None)
 
 
 def test_reading_a_hub_models_shape_never_asks_the_hub_for_it(tmp_path):

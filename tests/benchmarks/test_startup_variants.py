@@ -56,6 +56,10 @@ def test_the_record_is_the_runs_startup_json(tmp_path):
     bytecode = read.pop("bytecode")
     assert read == record
     assert isinstance(bytecode["writes_bytecode"], bool) and "verl" in bytecode["without"]
+    # and the launcher's background inspection of the model for vLLM, where it ran (vllm_model_info.py)
+    inspected = {"architecture": "Qwen3ForCausalLM", "cached": False, "seconds": 11.2, "ended": 1.0}
+    (tmp_path / "vllm_model_info.jsonl").write_text(json.dumps(inspected) + "\n")
+    assert startup_variants.startup_record(tmp_path)["vllm_model_info"] == [inspected]
 
 
 def test_the_listing_names_each_variant_with_what_it_cuts_and_costs(capsys):

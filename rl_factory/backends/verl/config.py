@@ -235,7 +235,8 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
-                    else 0, nodes=int(cfg.trainer.nnodes), storage_units=_storage_units(cfg),
+                    else 0, replica_gpus=replica_gpus(cfg), nodes=int(cfg.trainer.nnodes),
+                    storage_units=_storage_units(cfg),
                     free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
@@ -252,15 +253,19 @@ def _critic(cfg: DictConfig) -> bool:
         return need_critic(cfg)
 
 
-def rollout_replicas(cfg: DictConfig) -> int:
-    """vLLM replicas verl starts: the GPUs over one replica's size (tensor x data x pipeline parallel,
-    as verl's RolloutReplica counts it), e.g. 2 GPUs: 2 replicas at tensor parallel 1, 1 at 2."""
+def replica_gpus(cfg: DictConfig) -> int:
+    """GPUs of one vLLM replica: tensor x data x pipeline parallel, as verl's RolloutReplica counts it."""
     rollout = cfg.actor_rollout_ref.rollout
-    gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
     size = 1
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         size *= max(1, int(rollout.get(key, 1) or 1))
-    return max(1, gpus // size)
+    return size
+
+
+def rollout_replicas(cfg: DictConfig) -> int:
+    """vLLM replicas verl starts: the GPUs over one replica's size, e.g. 2 GPUs: 2 replicas at tensor parallel 1,
+    1 at 2."""
+    return max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // replica_gpus(cfg))
 
 
 def _rollout_concurrency(cfg: DictConfig) -> int:

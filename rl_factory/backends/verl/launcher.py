@@ -236,6 +236,20 @@ def warn_bytecode() -> None:
         log.warning(line)
 
 
+_WARMING: list = []  # the background inspection's process, held so that it is not collected while it runs
+
+
+def warm_vllm(cfg: DictConfig, out_dir: Path) -> None:
+    """vLLM's model-info cache filled in the background while Ray and the actor start (vllm_model_info.py)."""
+    if cfg.actor_rollout_ref.rollout.name != "vllm":
+        return
+    from rl_factory.backends.verl import vllm_model_info
+
+    process = vllm_model_info.start(cfg.actor_rollout_ref.model.path, out_dir)
+    if process is not None:
+        _WARMING.append(process)
+
+
 def check_trl() -> None:
     """verl's FSDP workers import trl's AutoModelForCausalLMWithValueHead whenever trl is importable
     (verl/models/transformers/monkey_patch.py, from trl.experimental.ppo or trl); trl 1.16 has it in neither
@@ -302,6 +316,7 @@ def run(cfg: DictConfig, run_dir: Any = None, clock: startup.Clock | None = None
     check_rollout_engine(cfg)
     check_trl()
     warn_bytecode()
+    warm_vllm(cfg, out_dir)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(redacted(cfg), sort_keys=False))
     set_aside_earlier(out_dir)  # this launch's engines count their weight syncs from 1 (guard/syncs.py)
     if run_dir is not None:

@@ -147,11 +147,12 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
 
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
-         nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None) -> Plan:
+         replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
     `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
+    `replica_gpus`: the GPUs of one rollout replica (tensor x data x pipeline parallel).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
     `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
     """
@@ -171,6 +172,14 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
         out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval", vllm_request_tokens,
                 "vLLM streams a request's first token and its final output only: no per-step outputs that "
                 "verl's server would discard")
+        if replica_gpus == 1:
+            # verl asks every server for vLLM's multiprocess executor; on one GPU that is one more process per
+            # replica, started after the engine's own (spawn: Python, torch and vLLM imported again, a CUDA
+            # context) and fed through a shared-memory queue. vLLM's own default there runs the model in the
+            # engine process.
+            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni",
+                    "one GPU a replica: vLLM's engine runs the model in its own process (vLLM's default there), "
+                    "not in a worker process verl's `mp` would start after it")
     if concurrency > 0:
         sizes = capture_sizes(concurrency, max_num_seqs)
         out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
