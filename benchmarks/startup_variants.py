@@ -109,10 +109,11 @@ def startup_record(run_dir: Path) -> dict | None:
                           "without": {name: f"{p['without_bytecode']}/{p['modules']}"
                                       for name, p in found["packages"].items()}}
     from rl_factory.backends.verl.vllm_model_info import FILE
+    from rl_factory.jsonl import read_records
 
-    inspected = run_dir / FILE
-    if inspected.is_file():
-        record["vllm_model_info"] = [json.loads(line) for line in inspected.read_text().splitlines() if line.strip()]
+    inspected = read_records(run_dir / FILE, torn_ok=True)  # the process may have been killed mid-line
+    if inspected:
+        record["vllm_model_info"] = inspected
     return record
 
 

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from rl_factory import jsonl
+
 FILE = "vllm_model_info.jsonl"  # in the run's output directory
 
 
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         for record in records:
-            f.write(json.dumps({**record, "process_seconds": round(time.monotonic() - began, 3),
-                                "ended": round(time.time(), 3)}) + "\n")
+            f.write(jsonl.dumps({**record, "process_seconds": round(time.monotonic() - began, 3),
+                                 "ended": round(time.time(), 3)}))
     return 0
 
 
