@@ -34,6 +34,31 @@ def gpu_processes() -> list[int]:
     return [int(x) for x in out.split() if x.strip().isdigit()]
 
 
+JOB_MARK_VAR = "RL_FACTORY_BENCH_JOB"  # in a benchmark job's environment: which processes are the job's
+
+
+def job_processes(mark: str, proc: str = "/proc") -> list[int]:
+    """The live processes whose environment carries `JOB_MARK_VAR=mark` (a job's launcher, and Ray's and vLLM's
+    processes, which inherit its environment), this one excluded.
+
+    A job that outlives its timeout is stopped through these, not through the pids nvidia-smi lists: where
+    commands run in a PID namespace of their own, the driver's pids are not this namespace's, and killing them
+    killed an unrelated process of the benchmark's own command line (H200, a 0.6B launch at its --timeout).
+    """
+    needle = f"{JOB_MARK_VAR}={mark}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir(proc)):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"{proc}/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
 def wait_gone(probe, seconds: float):
     """`probe()` again every 0.5 s until it returns nothing or `seconds` pass; what it last returned."""
     deadline = time.time() + seconds

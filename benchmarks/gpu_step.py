@@ -161,8 +161,11 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
 
 
 def launch_env(args: argparse.Namespace, run_dir: Path) -> dict[str, str]:
-    """The job's environment: our checkout first on PYTHONPATH; with --fresh-caches, compile caches of its own."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    """The job's environment: our checkout first on PYTHONPATH, the job's mark (every process it starts inherits
+    it: gpu_memory.job_processes); with --fresh-caches, compile caches of its own."""
+    from benchmarks.gpu_memory import JOB_MARK_VAR
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}", **{JOB_MARK_VAR: str(run_dir)})
     return {**env, **startup_variants.fresh_cache_env(run_dir)} if getattr(args, "fresh_caches", False) else env
 
 
@@ -192,14 +195,16 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = "timeout"
-            # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch
-            from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, wait_gone
+            # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch:
+            # they carry the job's mark in their environment (launch_env)
+            from benchmarks.gpu_memory import JOB_MARK_VAR, LEFTOVER_WAIT_S, gpu_processes, job_processes, wait_gone
 
-            for pid in wait_gone(gpu_processes, LEFTOVER_WAIT_S):
+            for pid in job_processes(env[JOB_MARK_VAR]):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            wait_gone(gpu_processes, LEFTOVER_WAIT_S)
     writer.join(timeout=10)
     wall = time.perf_counter() - t0
     (run_dir / ENDED_FILE).write_text(json.dumps({"exit_code": code}) + "\n")
