@@ -42,8 +42,9 @@ def job_processes(mark: str, proc: str = "/proc") -> list[int]:
     processes, which inherit its environment), this one excluded.
 
     A job that outlives its timeout is stopped through these, not through the pids nvidia-smi lists: where
-    commands run in a PID namespace of their own, the driver's pids are not this namespace's, and killing them
-    killed an unrelated process of the benchmark's own command line (H200, a 0.6B launch at its --timeout).
+    commands run in a PID namespace of their own, the driver's pids are not this namespace's. On the H200, when
+    a 0.6B launch reached its --timeout and the pids nvidia-smi listed were killed, the `timeout` command that
+    ran the benchmark died of SIGKILL with it, and the benchmark never wrote its record.
     """
     needle = f"{JOB_MARK_VAR}={mark}".encode()
     found = []
