@@ -45,6 +45,13 @@ VARIANTS = {
     # verl's default keeps vLLM asleep between rollouts (weights and KV cache released for the trainer): the
     # replicas sleep before the checkpoint load and wake for the first weight sync. The tuning plan keeps it awake
     # where the trainer loses nothing by it (the 0.6B shape on an H200): there this variant is the baseline
+    # the tuning starts a one-GPU replica without torch.compile (full CUDA graphs for decode over vLLM's own
+    # kernels, tuning.COMPILATION_CONFIG); this is vLLM's default, which verl asks for: compiled, piecewise and
+    # full graphs
+    "compiled": Variant(("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.mode=VLLM_COMPILE",
+                         "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode="
+                         "FULL_AND_PIECEWISE"), "rollout_servers (added)",
+                        "Inductor's fused kernels inside the CUDA graphs: what the generate phase gains by them"),
     "awake": Variant(("actor_rollout_ref.rollout.free_cache_engine=false",), "rollout_sleep, weight_sync",
                      "vLLM's weights and KV cache stay on the GPU beside the trainer's state (fine for small models)"),
     "no_dashboard": Variant(("+ray_kwargs.ray_init.include_dashboard=false",), "ray_init",
@@ -92,6 +99,29 @@ def compile_cache(env: dict[str, str]) -> str:
     return "warm" if cache.is_dir() and any(cache.iterdir()) else "cold"
 
 
+# what vLLM's server says of its own start (vLLM 0.24's log lines): seconds of each part, as vLLM measured them
+VLLM_TIMES = {
+    "weights_s": r"Loading weights took ([\d.]+) seconds",
+    "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
+    "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",
+    "compile_total_s": r"torch.compile took ([\d.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)",
+}
+
+
+def vllm_engine_times(log: Path) -> dict[str, list[float]]:
+    """Each of VLLM_TIMES in the job's log, one value per server (and per launch of one), in order."""
+    import re
+
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    found = {name: [float(x) for x in re.findall(pattern, text)] for name, pattern in VLLM_TIMES.items()}
+    return {name: values for name, values in found.items() if values}
+
+
 def startup_record(run_dir: Path) -> dict | None:
     """The launch's startup.json (None if the launch never reached our TaskRunner's first mark), with how much
     of what its processes import had compiled bytecode (rl_factory/backends/verl/bytecode.py: without it, each
@@ -114,6 +144,9 @@ def startup_record(run_dir: Path) -> dict | None:
     inspected = read_records(run_dir / FILE, torn_ok=True)  # the process may have been killed mid-line
     if inspected:
         record["vllm_model_info"] = inspected
+    engine = vllm_engine_times(run_dir / "bench_stdout.log")
+    if engine:
+        record["vllm_engine"] = engine
     return record
 
 

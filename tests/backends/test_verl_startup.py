@@ -247,8 +247,60 @@ def test_a_launch_marks_ours_then_ray_then_verls_stages_until_it_stops(ray_clust
     out = json.loads((run / startup.FILE).read_text())
     marks = list(out["marks"])
     assert marks[marks.index("run_ppo_called"):] == [
-        "run_ppo_called", "ray_initialized", "task_runner_started", "task_runner_run", "trainer_constructing",
+        "run_ppo_called", "ray_initialized", "task_runner_started", "task_runner_run", "agent_loops_prestarted",
+        "trainer_constructing",
         "trainer_constructed", "tokenizer_loaded", "dataloader_built"]
     assert out["error"].startswith("ValueError: Total available GPUs 0") and not out["complete"]
     assert all(b >= a for a, b in zip(out["marks"].values(), list(out["marks"].values())[1:]))
     assert out["phases"]["task_runner_start"] > 0.1  # a Ray actor's process and its imports
+
+
+def _statements(source: str) -> list[str]:
+    """A function's lines of code: no docstring, comments or blank lines, indentation dropped."""
+    body = re.sub(r'"""[\s\S]*?"""', "", source)
+    return [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_our_taskrunner_run_is_verls_with_transfer_queue_started_in_the_background():
+    """transfer_queue_start.run is verl 0.9.1's TaskRunnerV1.run but for where TransferQueue starts and is waited
+    for: a verl whose run changed fails here instead of running a stale copy."""
+    pytest.importorskip("verl")
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from rl_factory.backends.verl import transfer_queue_start
+
+    verls = _statements(inspect.getsource(TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__.run))
+    ours = _statements(inspect.getsource(transfer_queue_start.run))
+    assert verls[0] == "def run(self, config: DictConfig):" and verls[-1] == "tq.close()"
+    expected = [s.replace("self.", "runner.") for s in verls[1:]
+                if s not in ("import transfer_queue as tq", "from verl.trainer.ppo.v1 import get_trainer_cls")]
+    expected[expected.index("tq.init(config.transfer_queue)")] = "_pending = Background(config.transfer_queue)"
+    expected.insert(expected.index("runner.init_agent_loop_manager()"), "ready()")
+    close = expected.index("tq.close()")
+    expected[close:close + 1] = ["try:", "_pending.thread.join()  # close what it started, whether or not it failed",
+                                 "finally:", "tq.close()"]
+    imports = ("global _pending", "import transfer_queue as tq", "from verl.trainer.ppo.v1 import get_trainer_cls",
+               "from verl.utils.logging_utils import configure_verl_logging")
+    assert [s for s in ours[1:] if s not in imports] == [s for s in expected if s not in imports]
+
+
+@pytest.mark.slow
+def test_transfer_queue_started_in_the_background_is_waited_for_and_its_failure_raised(ray_cluster, verl_setup):
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    from rl_factory.backends.verl import transfer_queue_start
+
+    cfg, _ = verl_setup()
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    started = transfer_queue_start.Background(cfg.transfer_queue)
+    started.wait()
+    try:
+        assert tq.kv_list(partition_id="train") == {} and started.seconds > 0
+    finally:
+        tq.close()
+    OmegaConf.update(cfg, "transfer_queue.controller.sampler", "NoSuchSampler", force_add=True)
+    failing = transfer_queue_start.Background(cfg.transfer_queue)
+    with pytest.raises(ValueError, match="Could not find sampler NoSuchSampler"):
+        failing.wait()
+    tq.close()

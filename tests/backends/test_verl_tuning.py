@@ -73,6 +73,16 @@ def test_a_one_gpu_vllm_replica_runs_its_model_in_the_engine_process():
     assert key not in _values(None)  # not vLLM
 
 
+def test_a_one_gpu_vllm_replica_starts_without_torch_compile_and_decodes_in_full_cuda_graphs():
+    import json
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config"
+    value = json.loads(_values(None, vllm_request_tokens=1536)[key])
+    assert value == {"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert key not in _values(None, vllm_request_tokens=1536, replica_gpus=2)  # tensor parallel: compiled passes
+    assert key not in _values(None)  # not vLLM
+
+
 def test_transfer_queue_starts_two_storage_units_a_node_instead_of_eight():
     """Each unit is a process started before training (tq.init: 16.8 s with 8, 5.4 s with 2 on a 2-core VM)."""
     key = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
@@ -326,3 +336,30 @@ def test_reading_a_hub_models_shape_never_asks_the_hub_for_it(tmp_path):
         server.shutdown()
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert [p for p in paths if "Qwen3-4B" in p] == []
+
+
+@pytest.mark.slow  # composes verl's config
+def test_a_vllm_setting_given_on_the_command_line_inside_a_tuned_key_keeps_the_tuned_value_out(tmp_path, monkeypatch):
+    """`+...compilation_config.mode=VLLM_COMPILE` is a key inside the tuned `compilation_config`: the user's dict
+    stays as given, not replaced by the plan's JSON string (nor merged with it)."""
+    pytest.importorskip("verl")
+    import rl_factory.backends.verl.config as verl_config
+    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.launcher import absolute
+    from rl_factory.config import load_config, parse, split_overrides
+
+    monkeypatch.setattr(verl_config, "gpu_bytes", lambda: (H200, True))
+    model = shape_config_dir("qwen3-0.6b", tmp_path)
+    vllm = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    for extra, expected in (([], {"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}),
+                            ([f"+{vllm}.compilation_config.mode=VLLM_COMPILE"], {"mode": "VLLM_COMPILE"})):
+        args = parse_args(["--shape", "qwen3-0.6b", "--no-ceilings", *extra])
+        ours, raw = split_overrides(verl_overrides(args, model, tmp_path / "run"))
+        cfg = compose_verl(absolute(parse(load_config("grpo", ours))), raw,
+                           {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
+        value = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config
+        import json
+
+        assert (json.loads(value) if isinstance(value, str) else dict(value)) == expected
+        assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"

@@ -28,21 +28,28 @@ from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E40
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
 
 
-def rollout_step(cfg, files, scripts, then=None):
+def rollout_step(cfg, files, scripts, then=None, manager_out=None):
     """One V1 generation step as verl's trainer runs it; returns the rows read back from TransferQueue
-    (and `then(keys)`'s result, run while TransferQueue still holds them)."""
+    (and `then(keys)`'s result, run while TransferQueue still holds them). The agent-loop manager is the class
+    the config names, as verl's TaskRunner picks it (verl's AgentLoopManagerTQ where none); `manager_out`, a list,
+    gets it."""
     import transfer_queue as tq
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ
     from verl.utils import tensordict_utils as tu
+    from verl.utils.import_utils import load_class_from_fqn
     from verl.utils.tokenizer import hf_tokenizer
 
     tq.init(cfg.transfer_queue)
     try:
         reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
         server = ScriptedServer(hf_tokenizer(cfg.actor_rollout_ref.model.path), scripts)
-        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=server, teacher_client=None,
-                                            reward_loop_worker_handles=[reward_worker])
+        fqn = cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+        manager_class = load_class_from_fqn(fqn, "AgentLoopManager") if fqn else AgentLoopManagerTQ
+        manager = manager_class.create(config=cfg, llm_client=server, teacher_client=None,
+                                       reward_loop_worker_handles=[reward_worker])
+        if manager_out is not None:
+            manager_out.append(manager)
         batch_dict = load_rows(cfg, files)
         batch_dict["uid"] = np.array(["prompt-0"], dtype=object)
         batch = tu.get_tensordict(batch_dict)
@@ -123,6 +130,35 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
     # verl's advantage step with the estimator the config names (verl's grpo, or our arena via the plugin)
     assert all((a > 0) == r for a, r in zip(adv, right)) and abs(sum(adv)) < 1e-5
     assert_run_dir_contract(cfg, right)
+
+
+def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, verl_setup):
+    """Our TaskRunner starts the agent-loop workers before TransferQueue and the trainer (prestart.py); the
+    manager verl builds from the config's class hands them the clients instead of starting its own, and the step
+    runs on them."""
+    from rl_factory.backends.verl import prestart
+
+    cfg, files = verl_setup("trainer.guard.receipts.action=off")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 2)
+    OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
+    assert prestart.start(cfg) == 2  # as the TaskRunner calls it: before tq.init
+    started = list(prestart._started)
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == prestart.MANAGER
+    managers = []
+    keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], manager_out=managers)
+    assert keys == ["prompt-0_0_0", "prompt-0_1_0", "prompt-0_2_0"]
+    assert [float(data["rm_scores"][i].sum()) for i in range(len(data))] == [1.0, 0.0, 1.0]
+    assert isinstance(managers[0], prestart.PrestartedAgentLoopManager)
+    assert [w._actor_id for w in managers[0].agent_loop_workers] == [w._actor_id for w in started]
+    assert prestart.take() == []  # taken once
+    # a run that names its own manager, or distills from a teacher, starts its workers verl's way
+    own, _ = verl_setup("trainer.guard.receipts.action=off")
+    OmegaConf.update(own, prestart.MANAGER_KEY, "my.Manager", force_add=True)
+    assert not prestart.wanted(own) and prestart.start(own) == 0
+    OmegaConf.update(own, prestart.MANAGER_KEY, None, force_add=True)
+    assert prestart.wanted(own)
+    OmegaConf.update(own, "distillation.enabled", True, force_add=True)
+    assert not prestart.wanted(own)
 
 
 def assert_run_dir_contract(cfg, right):

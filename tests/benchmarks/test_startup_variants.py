@@ -60,6 +60,21 @@ def test_the_record_is_the_runs_startup_json(tmp_path):
     inspected = {"architecture": "Qwen3ForCausalLM", "cached": False, "seconds": 11.2, "ended": 1.0}
     (tmp_path / "vllm_model_info.jsonl").write_text(json.dumps(inspected) + "\n")
     assert startup_variants.startup_record(tmp_path)["vllm_model_info"] == [inspected]
+    # and what vLLM's server said of its own start, from the job's log (the lines as vLLM 0.24 formats them, behind
+    # Ray's prefix for a worker's output)
+    lines = ["(vLLMHttpServer pid=81) INFO 12-06 05:20:01 [default_loader.py:431] Loading weights took 0.35 seconds",
+             "(vLLMHttpServer pid=81) INFO 12-06 05:20:02 [gpu_model_runner.py:5256] Model loading took 1.12 GiB "
+             "memory and 1.904211 seconds",
+             "(vLLMHttpServer pid=81) INFO 12-06 05:20:09 [backends.py:1149] Dynamo bytecode transform time: 6.41 s",
+             "(vLLMHttpServer pid=81) INFO 12-06 05:20:30 [monitor.py:20] torch.compile took 27.50 s in total",
+             "(vLLMHttpServer pid=81) INFO 12-06 05:20:36 [gpu_model_runner.py:6657] Graph capturing finished in 5 "
+             "secs, took 0.31 GiB",
+             "(vLLMHttpServer pid=81) INFO 12-06 05:20:37 [core.py:345] init engine (profile, create kv cache, warmup "
+             "model) took 34.07 s"]
+    (tmp_path / "bench_stdout.log").write_text("\n".join(lines) + "\n")
+    assert startup_variants.startup_record(tmp_path)["vllm_engine"] == {
+        "weights_s": [0.35], "model_load_s": [1.904211], "dynamo_s": [6.41], "compile_total_s": [27.5],
+        "graph_capture_s": [5.0], "init_engine_s": [34.07]}
 
 
 def test_the_listing_names_each_variant_with_what_it_cuts_and_costs(capsys):

@@ -12,7 +12,7 @@ def frame(name, filename, line=1):
 
 def test_a_sample_belongs_to_the_phase_that_ends_with_the_next_mark():
     assert phase_at(101.0, MARKS) == "cli"
-    assert phase_at(130.0, MARKS) == "transfer_queue"  # verl's trainer_constructing ends that phase
+    assert phase_at(130.0, MARKS) == "trainer_config"  # verl's trainer_constructing ends that phase
     assert phase_at(299.9, MARKS) == "rollout_servers"
     assert phase_at(301.0, MARKS) == "after_last_mark"
 
@@ -37,7 +37,7 @@ def test_summary_counts_samples_per_phase_and_process():
                 "stack": ["c"]},
                {"t": 200.0, "role": "TaskRunner", "pid": 1, "where": "get (ray/_private/worker.py:1)", "stack": ["d"]}]
     summary = summarize(samples, MARKS, top=2)
-    assert summary["transfer_queue"]["TaskRunner"] == {
+    assert summary["trainer_config"]["TaskRunner"] == {
         "samples": 3, "where": [["init (transfer_queue/interface.py:200)", 3]], "stacks": [["a < b", 3]]}
     assert set(summary["rollout_servers"]) == {"EngineCore", "TaskRunner"}
 
@@ -47,6 +47,6 @@ def test_a_workers_samples_before_its_actor_started_are_filed_under_that_actor()
                {"t": 131.0, "role": "IDLE", "pid": 8, "where": "main_loop (ray/_private/worker.py:1)", "stack": ["w"]},
                {"t": 200.0, "role": "WorkerDict", "pid": 7, "where": "init (verl/workers/x.py:1)", "stack": ["a"]}]
     summary = summarize(samples, MARKS, top=2)
-    assert summary["transfer_queue"]["WorkerDict (starting)"]["where"] == [["<module> (vllm/config/model.py:30)", 1]]
-    assert "IDLE" in summary["transfer_queue"]  # pid 8 never became an actor
+    assert summary["trainer_config"]["WorkerDict (starting)"]["where"] == [["<module> (vllm/config/model.py:30)", 1]]
+    assert "IDLE" in summary["trainer_config"]  # pid 8 never became an actor
     assert summary["rollout_servers"]["WorkerDict"]["samples"] == 1

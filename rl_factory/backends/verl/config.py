@@ -186,10 +186,10 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     tuned = performance_plan(cfg, model_path, given)
     for key, value in tuned.values.items():
-        if key not in given:
+        if not _given(key, given):
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     for reason in tuned.reasons:
-        if reason.split("=", 1)[0] not in given:
+        if not _given(reason.split("=", 1)[0], given):
             log.info("verl tuning: %s", reason)
     fetch.mode(cfg)  # a bad worker_fetch stops here, before Ray starts (and under --cfg job)
     actor_cache.mode(cfg)  # and a bad actor_cache_at_sync
@@ -202,6 +202,12 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
     with open_dict(cfg):  # our whole config as given, for the workers (each parses it once)
         cfg.rl_factory = OmegaConf.create(ours.composed)
     return cfg
+
+
+def _given(key: str, given: set[str]) -> bool:
+    """Whether the command line set `key`, a key inside it (`compilation_config.mode` for `compilation_config`) or
+    a node holding it (`engine_kwargs.vllm={...}`): a tuned value never overwrites any of them."""
+    return any(g == key or g.startswith(key + ".") or key.startswith(g + ".") for g in given)
 
 
 VARLEN_MODULE = "rl_factory.models.varlen_attention"

@@ -43,7 +43,9 @@ EVENTS = {
     # verl's TaskRunner actor
     "task_runner_started": "task_runner_start",  # the actor's process started, verl imported there
     "task_runner_run": "task_runner_call",
-    "trainer_constructing": "transfer_queue",  # verl prints and resolves the config, starts TransferQueue
+    "agent_loops_prestarted": "agent_loop_prestart",  # agent-loop workers asked of Ray (prestart.py; not waited for)
+    # verl prints and resolves the config (TransferQueue starts in the background: `beside`, transfer_queue_start.py)
+    "trainer_constructing": "trainer_config",
     "trainer_constructed": "trainer_construct",
     "tokenizer_loaded": "tokenizer",
     "dataloader_built": "dataloader",  # verl's RLHFDataset over our Parquet files
@@ -93,6 +95,7 @@ class Clock:
         self.marks = dict(marks or {})
         self.path = Path(path) if path is not None else None
         self.done = False
+        self.beside: dict[str, float] = {}  # what ran beside the marked stages, not between two marks: seconds
 
     def mark(self, event: str, write: bool = True) -> None:
         if event not in EVENTS:
@@ -104,7 +107,10 @@ class Clock:
             self.write()
 
     def record(self, error: str | None = None) -> dict[str, Any]:
-        return record(self.marks, complete=self.done, error=error)
+        out = record(self.marks, complete=self.done, error=error)
+        if self.beside:
+            out["beside"] = dict(self.beside)
+        return out
 
     def write(self, error: str | None = None) -> dict[str, Any]:
         out = self.record(error)
@@ -207,6 +213,15 @@ def mark(event: str) -> None:
         _clock.mark(event)
 
 
+def beside(name: str, seconds: float | None) -> None:
+    """`name` ran for `seconds` beside the marked stages (TransferQueue's start, in the background): recorded under
+    `beside`, outside the phases, which add up to the launch."""
+    if _clock is not None and seconds is not None and not _clock.done:
+        _clock.beside[name] = seconds
+        if _clock.path is not None:
+            _clock.write()
+
+
 def failed(exc: BaseException) -> None:
     """The launch stopped before its first step: the record says where, and why."""
     if _clock is not None and not _clock.done and _clock.path is not None:
@@ -283,6 +298,9 @@ class StartupTrainer:
         mark("dataloader_built")
 
     def _load_checkpoint(self):
+        from rl_factory.backends.verl import transfer_queue_start
+
+        transfer_queue_start.ready()  # a resumed run restores TransferQueue's state here
         super()._load_checkpoint()
         mark("checkpoint_loaded")
 

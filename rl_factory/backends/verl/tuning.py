@@ -48,6 +48,9 @@ ASSUMED_GPU_BYTES = 80 * GIB   # when no GPU is visible here (--cfg job on a CPU
 KV_SLACK = 2
 MIN_KV_BYTES = 1 * GIB
 VLLM_RUNTIME_BYTES = 4 * GIB   # vLLM's activations, CUDA graphs and sampler beside its weights and KV cache
+# vLLM's compilation for a one-GPU replica: no torch.compile, full CUDA graphs for decode batches (a JSON string:
+# verl's server json-loads a string and merges its own cudagraph_mode default into a dict)
+COMPILATION_CONFIG = '{"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}'
 
 
 @dataclass
@@ -180,6 +183,14 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
             out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni",
                     "one GPU a replica: vLLM's engine runs the model in its own process (vLLM's default there), "
                     "not in a worker process verl's `mp` would start after it")
+            # vLLM's default compiles the model with torch.compile (Dynamo, then Inductor) at every server start,
+            # from its cache on later launches, and captures CUDA graphs of the compiled pieces. On one GPU the
+            # decode steps a rollout spends its time in are replayed as one full CUDA graph either way; what
+            # Inductor adds there is fusing the elementwise ops around the GEMMs, which vLLM's own CUDA kernels
+            # (RMSNorm, SiLU-and-mul, rotary) do without compiling. Prefill and mixed batches run eager.
+            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", COMPILATION_CONFIG,
+                    "no torch.compile at vLLM's start (the first launch compiled for tens of seconds): decode runs "
+                    "as full CUDA graphs over vLLM's own kernels")
     if concurrency > 0:
         sizes = capture_sizes(concurrency, max_num_seqs)
         out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
