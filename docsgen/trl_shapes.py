@@ -1,8 +1,8 @@
 """The benchmarks page's table of ours against TRL at the Qwen3 shapes, one row per shape.
 
-Ours is the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no
-overrides but the run guard's: they change what is checked, not the work); TRL's the newest `vs_trl --shape`
-record of the shape on a GPU. Where both exist, ours must have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
+One row per shape and GPU model TRL ran it on: TRL's newest `vs_trl --shape` record of the shape on that GPU, and
+ours the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no overrides
+but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
 beside it. A side without such a record says "not measured yet".
 
     .venv/bin/python -m docsgen.trl_shapes benchmarks/results [more record directories]   # the table, printed
@@ -62,10 +62,23 @@ def newest(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(records, key=lambda r: str(r.get("date", "")), default=None)
 
 
-def pair(records: dict[str, list[dict[str, Any]]], shape: str) -> tuple[dict | None, dict | None]:
-    """(ours, TRL) for `shape`: TRL's newest record, and ours' newest on the same job."""
-    trl = newest([r for r in records.get("vs_trl", []) if trl_matches(r, shape)])
-    ours = [r for r in records.get("gpu_step", []) if ours_matches(r, shape)]
+def gpu_of(record: dict[str, Any]) -> str | None:
+    return (record.get("machine") or {}).get("gpu")
+
+
+def gpus(records: dict[str, list[dict[str, Any]]], shape: str) -> list[str | None]:
+    """The GPUs TRL ran `shape` on, the newest run's first ([None] where it never ran on one)."""
+    trl = sorted((r for r in records.get("vs_trl", []) if trl_matches(r, shape)), key=lambda r: str(r.get("date", "")),
+                 reverse=True)
+    return list(dict.fromkeys(gpu_of(r) for r in trl)) or [None]
+
+
+def pair(records: dict[str, list[dict[str, Any]]], shape: str,
+         gpu: str | None = None) -> tuple[dict | None, dict | None]:
+    """(ours, TRL) for `shape` on `gpu`: TRL's newest record there, and ours' newest on the same job and GPU (any
+    GPU where `gpu` is None)."""
+    trl = newest([r for r in records.get("vs_trl", []) if trl_matches(r, shape) and gpu in (None, gpu_of(r))])
+    ours = [r for r in records.get("gpu_step", []) if ours_matches(r, shape) and gpu in (None, gpu_of(r))]
     if trl is not None:
         job = {k: trl.get("job", {}).get(k) for k in JOB_KEYS}
         ours = [r for r in ours if {k: ours_job(r).get(k) for k in JOB_KEYS} == job]
@@ -128,8 +141,9 @@ def row(shape: str, ours: dict | None, trl: dict | None) -> list[str]:
 
 def table(records: dict[str, list[dict[str, Any]]]) -> list[str]:
     out = [INTRO, "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    for shape in SHAPES:
-        out.append("| " + " | ".join(row(shape, *pair(records, shape))) + " |")
+    for shape in SHAPES:  # a row per GPU TRL ran the shape on: ours beside it from the same GPU only
+        for gpu in gpus(records, shape):
+            out.append("| " + " | ".join(row(shape, *pair(records, shape, gpu))) + " |")
     return out + [""]
 
 

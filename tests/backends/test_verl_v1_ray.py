@@ -142,7 +142,8 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.agent.num_workers", 2)
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
     assert prestart.start(cfg) == 2  # as the TaskRunner calls it: before tq.init
-    started = list(prestart._started)
+    prestart._started.join()
+    started, router = list(prestart._started.workers), prestart._started.router
     assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == prestart.MANAGER
     managers = []
     keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], manager_out=managers)
@@ -151,6 +152,25 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
     assert isinstance(managers[0], prestart.PrestartedAgentLoopManager)
     assert [w._actor_id for w in managers[0].agent_loop_workers] == [w._actor_id for w in started]
     assert prestart.take() == []  # taken once
+    # the request router started with them takes the place of the one verl's server manager creates, with its servers
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    stand_in = ray.remote(GlobalRequestLoadBalancer)  # any actors: the router only hands their handles out
+    servers = [stand_in.remote(servers={}) for _ in range(2)]
+    manager = SimpleNamespace(server_addresses=["10.0.0.1:8000", "10.0.0.2:8000"], server_handles=servers,
+                              global_load_balancer=stand_in.remote(servers={}))
+    verls = manager.global_load_balancer
+
+    class Trainer(prestart.PrestartedRouter):
+        pass
+
+    Trainer().llm_server_manager = manager  # as verl's trainer assigns it in _setup
+    assert manager.global_load_balancer is router
+    picked = {ray.get(router.acquire_server.remote(f"request-{i}"))[0] for i in range(8)}
+    assert picked == set(manager.server_addresses)  # least-loaded over both
+    with pytest.raises(ray.exceptions.RayActorError):  # verl's own router is stopped
+        ray.get(verls.get_all_servers.remote())
+    assert prestart.adopt_router(manager) is False  # once
     # a run that names its own manager, or distills from a teacher, starts its workers verl's way
     own, _ = verl_setup("trainer.guard.receipts.action=off")
     OmegaConf.update(own, prestart.MANAGER_KEY, "my.Manager", force_add=True)

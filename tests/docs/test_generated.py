@@ -64,9 +64,9 @@ def test_a_broken_results_line_names_its_file_and_line(tmp_path):
         benchmarks_page.load(tmp_path)
 
 
-def gpu_step_record(date, step_s, shape="qwen3-0.6b", lr=1e-6, overrides=(), commit="aaa"):
+def gpu_step_record(date, step_s, shape="qwen3-0.6b", lr=1e-6, overrides=(), commit="aaa", gpu="NVIDIA H200"):
     return {"benchmark": "gpu_step", "date": date, "commit": commit, "command": f"gpu_step.py --shape {shape}",
-            "machine": {"cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H200", "gpus": 1}, "shape": shape, "gpus": 1,
+            "machine": {"cpu": "Xeon", "cores": 16, "gpu": gpu, "gpus": 1}, "shape": shape, "gpus": 1,
             "lora_rank": 0, "agent_loop": "rl_factory", "batch": 16, "n": 8, "step_s": step_s,
             "job": {"max_response_tokens": 256, "max_total_tokens": 512, "max_turns": 3, "lr": lr},
             "overrides": list(overrides), "trajectories_per_step": 128.0,
@@ -77,9 +77,9 @@ def gpu_step_record(date, step_s, shape="qwen3-0.6b", lr=1e-6, overrides=(), com
             "tuned": {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.5}}
 
 
-def trl_shape_record(date, median_s, shape="qwen3-0.6b", device="cuda"):
+def trl_shape_record(date, median_s, shape="qwen3-0.6b", device="cuda", gpu="NVIDIA H200"):
     return {"benchmark": "vs_trl", "date": date, "commit": "bbb", "command": f"vs_trl.py --shape {shape}",
-            "machine": {"cpu": "Xeon", "cores": 16, "gpu": "NVIDIA H200", "gpus": 1}, "shape": shape, "device": device,
+            "machine": {"cpu": "Xeon", "cores": 16, "gpu": gpu, "gpus": 1}, "shape": shape, "device": device,
             "job": {"prompts": 16, "n": 8, "max_response_tokens": 256, "max_total_tokens": 512, "max_turns": 3,
                     "lr": 1e-6, "seed": 0},
             "trl": {"median_s": median_s, "mean_completion_tokens": 190.0,
@@ -126,6 +126,23 @@ def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned, kept], "vs_trl": trl}),
                                              "qwen3-0.6b")))
     assert got["step s ours / TRL"] == "2.5 / 5"
+
+
+def test_the_trl_table_has_a_row_per_gpu_and_puts_ours_beside_trl_from_the_same_gpu_only():
+    h100 = "NVIDIA H100 80GB HBM3"
+    records = {"gpu_step": [gpu_step_record("2026-12-05T10:00", 3.0), gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)],
+               "vs_trl": [trl_shape_record("2026-12-05T09:00", 5.0), trl_shape_record("2026-12-06T11:00", 4.6, gpu=h100)]}
+    rows = [line for line in trl_shapes.table(records) if line.startswith("| qwen3-0.6b |")]
+    assert len(rows) == 2  # TRL's newest GPU first
+    first, second = ([c.strip() for c in r.strip("|").split(" | ")] for r in rows)
+    assert first[1] == "4.4 / 4.6" and "H100" in first[HEAD_MACHINE]
+    assert second[1] == "3 / 5" and "H200" in second[HEAD_MACHINE]
+    # ours only on another GPU than TRL's: not put beside it
+    alone = {"gpu_step": [gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)], "vs_trl": [trl_shape_record("2026-12-05", 5.0)]}
+    assert cells_of(trl_shapes.table(alone), "qwen3-0.6b")[1] == "not measured yet / 5"
+
+
+HEAD_MACHINE = trl_shapes.HEAD.index("machine")
 
 
 def test_the_trl_table_shows_one_side_with_the_other_not_measured_yet():

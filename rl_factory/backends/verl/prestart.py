@@ -1,25 +1,32 @@
-"""Agent-loop workers started with the TaskRunner, not after vLLM's servers are up.
+"""The agent-loop workers and verl's request router, started with the TaskRunner, not after vLLM's servers.
 
 verl creates its agent-loop workers (`agent.num_workers` Ray actors, each a process that imports torch, verl and
 our loop, loads the tokenizer and the agent-loop registry) only once the trainer is built: after TransferQueue,
-the FSDP actor and vLLM's servers, one after another. A step's rollout then waits for their processes to start
-(step 1's `first_prepare`, 10-16 s of a 0.6B launch on the H200). Nothing in those processes needs the servers
-until a trajectory asks for tokens: only the LLM client, the teacher client and the reward workers' handles come
-from the trainer.
+the FSDP actor and vLLM's servers, one after another. The same goes for the request router every generation goes
+through (verl's `GlobalRequestLoadBalancer`, one more Ray actor process, created once the servers are up). Step 1's
+rollout waits for both: the first request reached vLLM 18-22 s after training began in each 0.6B launch on an H100
+at `4e8b87de98f5`, every trajectory's first generate call waiting on the router's process. Nothing in those
+processes needs the servers until a trajectory asks for tokens: the workers need only the LLM client, the teacher
+client and the reward workers' handles from the trainer, and the router starts empty (verl's own hybrid scaling
+adds servers to it later the same way).
 
-So our TaskRunner starts them first (`start`), as verl's manager would (the same class, names and node
-spreading), built without those three, and names `PrestartedAgentLoopManager` as verl's agent-loop manager class
-(`actor_rollout_ref.rollout.agent.agent_loop_manager_class`, verl's own extension point). When verl's TaskRunner
-builds the manager, it hands the started workers the clients (`attach`) instead of starting new ones. Their start
-overlaps TransferQueue's, the actor's and vLLM's.
+So our TaskRunner starts them first (`start`, in a thread: asking Ray for named actors with verl's config takes
+seconds), as verl would (the same classes, names and node spreading), and
+- names `PrestartedAgentLoopManager` as verl's agent-loop manager class (`agent.agent_loop_manager_class`, verl's
+  own extension point): when verl's TaskRunner builds the manager, it hands the started workers the clients
+  (`attach`) instead of starting new ones;
+- puts `PrestartedRouter` in front of the trainer: when the trainer's server manager is built, the started router
+  gets its servers and takes the place of the one verl just created, before any client is made from it.
 
-Not started early: a run that names its own manager class (its workers are its own), or distills from a teacher
-(verl's worker builds the teacher's client into its state at construction).
+Not started early: workers, where a run names its own manager class or distills from a teacher (verl's worker
+builds the teacher's client into its state at construction); the router, where a run names its own
+(`rollout.router_config_path`) or its trainer serves rollouts from servers of its own (`separate_async`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 from uuid import uuid4
 
@@ -32,7 +39,24 @@ log = logging.getLogger("rl_factory.verl")
 
 MANAGER = f"{__name__}.PrestartedAgentLoopManager"
 MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
-_started: list[Any] = []  # in the TaskRunner's process: the workers `start` created, until the manager takes them
+ROUTER_MODES = ("sync", "colocate_async")  # trainers whose rollouts go through the server manager's own router
+
+
+class _Started:
+    """In the TaskRunner's process: what `start` asked Ray for, once its thread has finished."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.workers: list[Any] = []
+        self.router: Any = None
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+
+_started = _Started()
 
 
 class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_class__):
@@ -71,11 +95,21 @@ def wanted(config: DictConfig) -> bool:
         and int(agent.get("num_workers", 0) or 0) > 0
 
 
+def router_wanted(config: DictConfig) -> bool:
+    """Whether this run's request router can start before the servers (the module docstring)."""
+    from omegaconf import OmegaConf
+
+    return (OmegaConf.select(config, "trainer.v1.trainer_mode") in ROUTER_MODES
+            and not OmegaConf.select(config, "actor_rollout_ref.rollout.router_config_path"))
+
+
 def start(config: DictConfig) -> int:
-    """In the TaskRunner, before the trainer: start the agent-loop workers and name our manager to take them.
+    """In the TaskRunner, before the trainer: start the agent-loop workers (and the request router) and name our
+    manager to take them.
 
     `config` is the TaskRunner's, resolved here as verl's `run` resolves it (TransferQueue on), so that the workers
-    get the config verl's manager would have given them. Returns how many were started (0: verl starts its own)."""
+    get the config verl's manager would have given them. Returns how many workers are starting (0: verl starts its
+    own, and its router)."""
     from omegaconf import OmegaConf
 
     if not wanted(config):
@@ -84,23 +118,68 @@ def start(config: DictConfig) -> int:
         config.transfer_queue.enable = True  # as verl's TaskRunner sets it before resolving (main_ppo.run)
         OmegaConf.update(config, MANAGER_KEY, MANAGER, merge=False)
     OmegaConf.resolve(config)
-    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
-    count = int(config.actor_rollout_ref.rollout.agent.num_workers)
-    _started[:] = [
-        PrestartedWorker.options(  # verl's placement: round robin over the nodes with CPUs, soft
-            name=f"agent_loop_worker_{i}_{uuid4().hex[:8]}",
-            scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                node_id=nodes[i % len(nodes)], soft=True),
-        ).remote(config)
-        for i in range(count)]
-    log.info("verl: %d agent-loop workers starting beside the trainer's start", count)
+    count, router = int(config.actor_rollout_ref.rollout.agent.num_workers), router_wanted(config)
+    if router:
+        from rl_factory.backends.verl.trainer_front import put_in_front
+
+        put_in_front(config.trainer.v1.trainer_mode, PrestartedRouter)
+    _started.thread = threading.Thread(target=_create, args=(config, count, router), name="prestart", daemon=True)
+    _started.thread.start()
+    log.info("verl: %d agent-loop workers%s starting beside the trainer's start", count,
+             " and the request router" if router else "")
     return count
+
+
+def _create(config: DictConfig, count: int, router: bool) -> None:
+    """The actors `start` asks for (in its thread); a failure leaves verl to start its own."""
+    from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
+
+    try:
+        shared = ray.put(config)  # once, not pickled again for each worker
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+        if router:  # verl's default router (router.py _create_global_sticky_inflight), with no servers yet
+            _started.router = ray.remote(GlobalRequestLoadBalancer).remote(
+                servers={}, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE,
+                full_determinism=bool(config.actor_rollout_ref.rollout.get("full_determinism", False)))
+        _started.workers = [
+            PrestartedWorker.options(  # verl's placement: round robin over the nodes with CPUs, soft
+                name=f"agent_loop_worker_{i}_{uuid4().hex[:8]}",
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                    node_id=nodes[i % len(nodes)], soft=True),
+            ).remote(shared)
+            for i in range(count)]
+    except Exception:  # noqa: BLE001 - the start-up's own path remains
+        log.exception("verl: starting the agent-loop workers early failed; verl starts its own")
+        _started.workers, _started.router = [], None
 
 
 def take() -> list[Any]:
     """The workers `start` created (once; empty where none were)."""
-    workers, _started[:] = list(_started), []
+    _started.join()
+    workers, _started.workers = list(_started.workers), []
     return workers
+
+
+def adopt_router(manager: Any) -> bool:
+    """The router `start` created, given `manager`'s servers, in place of the one `manager` (verl's LLMServerManager,
+    just built) created; verl's is stopped. False where none was started."""
+    _started.join()
+    router, _started.router = _started.router, None
+    if router is None:
+        return False
+    ray.get(router.add_servers.remote(dict(zip(manager.server_addresses, manager.server_handles, strict=True))))
+    replaced, manager.global_load_balancer = manager.global_load_balancer, router
+    ray.kill(replaced)
+    return True
+
+
+class PrestartedRouter:
+    """In front of a verl V1 trainer: the server manager it builds routes through the router `start` created."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "llm_server_manager" and value is not None:
+            adopt_router(value)
+        super().__setattr__(name, value)
 
 
 class PrestartedAgentLoopManager(AgentLoopManagerTQ):
