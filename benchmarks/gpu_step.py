@@ -147,7 +147,10 @@ def verl_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
            "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
            f"model.lora_rank={args.lora_rank}", f"optim.lr={args.lr}",
            # Ray workers get this PYTHONPATH instead of the driver's: keep the driver's entries after ours
-           f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}:{os.environ.get('PYTHONPATH', '')}"]
+           f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ROOT}:{os.environ.get('PYTHONPATH', '')}",
+           # vLLM says what its start took (weights, compile, graphs, engine: startup_variants.VLLM_TIMES) in INFO
+           # lines, which verl's default level for its workers (WARN) hides
+           "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL=INFO"]
     if getattr(args, "shape", None):
         out += RANDOM_INIT_OVERRIDES
     if args.agent_loop == "verl_tool_agent":

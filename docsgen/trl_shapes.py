@@ -2,7 +2,8 @@
 
 One row per shape and GPU model TRL ran it on: TRL's newest `vs_trl --shape` record of the shape on that GPU, and
 ours the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no overrides
-but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
+but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must
+have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
 beside it. A side without such a record says "not measured yet".
 
     .venv/bin/python -m docsgen.trl_shapes benchmarks/results [more record directories]   # the table, printed

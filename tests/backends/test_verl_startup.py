@@ -165,6 +165,17 @@ def test_without_validation_before_training_the_loggers_phase_runs_into_training
                                         "first_step_log"]
 
 
+def test_what_ran_beside_the_marked_stages_is_recorded_outside_the_phases(clock, tmp_path):
+    startup.mark("task_runner_run")
+    startup.mark("trainer_constructing")
+    phases = dict(clock.record()["phases"])
+    startup.beside("transfer_queue", 14.2)  # TransferQueue's start, in a thread (transfer_queue_start.py)
+    out = json.loads((tmp_path / startup.FILE).read_text())
+    assert out["beside"] == {"transfer_queue": 14.2} and out["phases"] == phases
+    startup.beside("nothing", None)  # a start that never finished: nothing recorded
+    assert clock.record()["beside"] == {"transfer_queue": 14.2}
+
+
 def test_a_failed_launch_records_where_it_stopped_and_why(clock, tmp_path):
     startup.mark("trainer_constructing")
     try:

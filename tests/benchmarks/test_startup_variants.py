@@ -15,6 +15,8 @@ def test_a_variants_keys_come_last_and_win():
     out = gpu_step.verl_overrides(args, Path("/m"), Path("/run"))
     assert out.index("trainer.val_before_train=false") < out.index("trainer.val_before_train=true")
     assert out[-1] == "optim.lr=2e-6"  # the command line's own overrides after the variant's
+    # vLLM's own start-up seconds are INFO lines: the workers log them (verl's default for them is WARN)
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL=INFO" in out
     assert gpu_step.verl_overrides(gpu_step.parse_args(["--shape", "qwen3-0.6b"]), Path("/m"), Path("/run")) == [
         o for o in out if o not in ("trainer.val_before_train=true", "optim.lr=2e-6")]
     with pytest.raises(SystemExit):

@@ -130,15 +130,18 @@ def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not
 
 def test_the_trl_table_has_a_row_per_gpu_and_puts_ours_beside_trl_from_the_same_gpu_only():
     h100 = "NVIDIA H100 80GB HBM3"
-    records = {"gpu_step": [gpu_step_record("2026-12-05T10:00", 3.0), gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)],
-               "vs_trl": [trl_shape_record("2026-12-05T09:00", 5.0), trl_shape_record("2026-12-06T11:00", 4.6, gpu=h100)]}
+    records = {"gpu_step": [gpu_step_record("2026-12-05T10:00", 3.0),
+                            gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)],
+               "vs_trl": [trl_shape_record("2026-12-05T09:00", 5.0),
+                          trl_shape_record("2026-12-06T11:00", 4.6, gpu=h100)]}
     rows = [line for line in trl_shapes.table(records) if line.startswith("| qwen3-0.6b |")]
     assert len(rows) == 2  # TRL's newest GPU first
     first, second = ([c.strip() for c in r.strip("|").split(" | ")] for r in rows)
     assert first[1] == "4.4 / 4.6" and "H100" in first[HEAD_MACHINE]
     assert second[1] == "3 / 5" and "H200" in second[HEAD_MACHINE]
     # ours only on another GPU than TRL's: not put beside it
-    alone = {"gpu_step": [gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)], "vs_trl": [trl_shape_record("2026-12-05", 5.0)]}
+    alone = {"gpu_step": [gpu_step_record("2026-12-06T10:00", 4.4, gpu=h100)],
+             "vs_trl": [trl_shape_record("2026-12-05", 5.0)]}
     assert cells_of(trl_shapes.table(alone), "qwen3-0.6b")[1] == "not measured yet / 5"
 
 

@@ -6,9 +6,9 @@ puts, in the TaskRunner's own process (the registry is per process), a class in 
 `StartupTrainer` always (startup.py: where the minutes before the first step go, `startup.json`), `NarrowFetch`
 with `worker_fetch: needed` (fetch.py), `TrainedBatch` with the run guard's tokens check on (trained.py: the
 guard reads the batch the actor trains) and `KeepCache` with `actor_cache_at_sync: keep` (actor_cache.py). The
-mode's name stays: verl's trainer branches on it. Before the trainer, it starts the agent-loop workers, which
-verl would start only after vLLM's servers (prestart.py), and it runs verl's `run` with TransferQueue started
-beside the trainer's build, not before it (transfer_queue_start.py).
+mode's name stays: verl's trainer branches on it. Before the trainer, it starts the agent-loop workers and the request
+router, which verl would start only after vLLM's servers (prestart.py), and it runs verl's `run` with TransferQueue
+started beside the trainer's build, not before it (transfer_queue_start.py).
 
 `TaskRunnerV1` is a Ray actor class; Ray keeps the Python class it wraps on its modified class, which ours
 subclasses (Ray refuses to subclass the actor class itself).
@@ -52,7 +52,7 @@ def task_runner(base: Any, narrow_fetch: bool, guard_batch: bool = False, keep_c
             use_trainer(config.trainer.v1.trainer_mode, narrow_fetch, guard_batch, keep_cache)
             from rl_factory.backends.verl import prestart, transfer_queue_start
 
-            if prestart.start(config):  # the agent-loop workers' processes start beside the trainer's (prestart.py)
+            if prestart.start(config):  # agent-loop workers and router start beside the trainer's build
                 startup.mark("agent_loops_prestarted")
             try:  # verl's run, with TransferQueue started beside the trainer's build (transfer_queue_start.py)
                 return transfer_queue_start.run(self, config)

@@ -43,7 +43,7 @@ EVENTS = {
     # verl's TaskRunner actor
     "task_runner_started": "task_runner_start",  # the actor's process started, verl imported there
     "task_runner_run": "task_runner_call",
-    "agent_loops_prestarted": "agent_loop_prestart",  # agent-loop workers asked of Ray (prestart.py; not waited for)
+    "agent_loops_prestarted": "agent_loop_prestart",  # agent-loop workers and router asked of Ray (prestart.py)
     # verl prints and resolves the config (TransferQueue starts in the background: `beside`, transfer_queue_start.py)
     "trainer_constructing": "trainer_config",
     "trainer_constructed": "trainer_construct",
