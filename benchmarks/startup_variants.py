@@ -10,10 +10,11 @@ the 0.6B job of `gpu_suite.sh step` with a few verl keys changed. Which phase ea
 record shows; what it costs beyond start-up (slower steps, GPU memory) is in the same line's step phases.
 
 What start-up spends that no setting cuts: Python imports in every process (the launcher, the TaskRunner,
-each FSDP, vLLM, agent-loop and reward worker), FSDP's process group, loading the tokenizer. vLLM's
-torch.compile output is cached (`$VLLM_CACHE_ROOT/torch_compile_cache`, `~/.cache/vllm`), so a second launch
-of the same shape on the same machine compiles nothing: `--fresh-caches` (gpu_step.py) gives each launch its own
-empty vLLM, Inductor and Triton caches, so that variants launched one after another compare as first launches.
+each FSDP, vLLM, agent-loop and reward worker), FSDP's process group, loading the tokenizer. What a launch
+leaves on the machine (vLLM's model-info cache under `~/.cache/vllm`, Inductor's and Triton's caches) shortens
+the next launch of the same shape; vLLM's own compile cache does not, since verl turns it off
+(`VLLM_DISABLE_COMPILE_CACHE=1`). `--fresh-caches` (gpu_step.py) gives each launch its own empty vLLM, Inductor
+and Triton caches, so that variants launched one after another compare as first launches.
 """
 from __future__ import annotations
 
