@@ -68,10 +68,8 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
 
         self.background_tasks = set()
 
-    def attach(self, llm_client: Any, teacher_client: Any, reward_loop_worker_handles: Any) -> int:
+    def attach(self, llm_client: Any, teacher_client: Any, reward_loop_worker_handles: Any) -> None:
         """What verl's constructor would have been given, and TransferQueue's client (AgentLoopWorkerTQ's)."""
-        import os
-
         import transfer_queue as tq
 
         self.llm_client, self.teacher_client = llm_client, teacher_client
@@ -79,7 +77,6 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
         if self.rollout_config.trace.get("token2text", False):
             self.llm_client.tokenizer = self.tokenizer
         tq.init()
-        return os.getpid()
 
 
 PrestartedWorker = ray.remote(_Worker)
