@@ -65,12 +65,12 @@ def test_vllm_streams_only_a_requests_first_token_and_final_output():
     assert key not in _values(None)  # another rollout engine (sglang) has no such argument
 
 
-def test_a_one_gpu_vllm_replica_runs_its_model_in_the_engine_process():
-    # verl asks for vLLM's multiprocess executor, one more process per replica at start-up
+def test_a_one_gpu_vllm_replica_keeps_verls_multiprocess_executor():
+    # vLLM's `uni` ran the 0.6B shape's rollouts ~1 s a step slower (the model's CPU side in the engine core's
+    # thread): the plan leaves verl's `mp` in place for every replica size
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
-    assert _values(None, vllm_request_tokens=1536)[key] == "uni"
-    assert key not in _values(None, vllm_request_tokens=1536, replica_gpus=2)  # tensor parallel: vLLM's workers
-    assert key not in _values(None)  # not vLLM
+    for replica_gpus in (1, 2):
+        assert key not in _values(None, vllm_request_tokens=1536, replica_gpus=replica_gpus)
 
 
 def test_a_one_gpu_vllm_replica_starts_without_torch_compile_and_decodes_in_full_cuda_graphs():
@@ -301,8 +301,7 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert cfg.actor_rollout_ref.rollout.free_cache_engine is (top_graph == 256)
     assert tokens == 32768 if top_graph == 256 else 16384 <= tokens < 32768
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length
-    executor = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend")
-    assert executor == ("uni" if args.tp == 1 else None)
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend") is None  # verl's mp
 
 
 def test_reading_a_hub_models_shape_never_asks_the_hub_for_it(tmp_path):
@@ -362,4 +361,4 @@ def test_a_vllm_setting_given_on_the_command_line_inside_a_tuned_key_keeps_the_t
         import json
 
         assert (json.loads(value) if isinstance(value, str) else dict(value)) == expected
-        assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
+        assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend") is None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 from uuid import uuid4
 
@@ -34,6 +35,8 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+from rl_factory.backends.verl import startup
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -49,6 +52,7 @@ class _Started:
         self.thread: threading.Thread | None = None
         self.workers: list[Any] = []
         self.router: Any = None
+        self.router_ready_s: float | None = None  # from asking Ray for the router to its first answer
 
     def join(self) -> None:
         if self.thread is not None:
@@ -127,11 +131,15 @@ def start(config: DictConfig) -> int:
 def _create(shared: Any, count: int, determinism: bool | None) -> None:
     """The actors `start` asks for, in its thread (on the TaskRunner's path, asking for eight workers took 5.1 s on an
     H100's host): `count` workers built from the config in `shared`, and the router where `determinism` is not None
-    (verl's `full_determinism` for it). A failure leaves verl to start its own."""
+    (verl's `full_determinism` for it). A failure leaves verl to start its own.
+
+    The thread then waits for the router's first answer, so that the start-up record can say how long it took to
+    come up (`beside.request_router`) beside how long the trainer waited for it (the `router_adopt` phase)."""
     from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
     try:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+        asked = time.time()
         if determinism is not None:  # verl's default router (router.py _create_global_sticky_inflight), no servers yet
             _started.router = ray.remote(GlobalRequestLoadBalancer).remote(
                 servers={}, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE, full_determinism=determinism)
@@ -145,6 +153,14 @@ def _create(shared: Any, count: int, determinism: bool | None) -> None:
     except Exception:  # noqa: BLE001 - the start-up's own path remains
         log.exception("verl: starting the agent-loop workers early failed; verl starts its own")
         _started.workers, _started.router = [], None
+        return
+    if _started.router is not None:
+        try:
+            ray.get(_started.router.get_all_servers.remote())
+            _started.router_ready_s = round(time.time() - asked, 3)
+        except Exception:  # noqa: BLE001 - verl's server manager keeps the router it creates
+            log.exception("verl: the request router started early did not come up; verl's own is used")
+            _started.router = None
 
 
 def take() -> list[Any]:
@@ -161,6 +177,7 @@ def adopt_router(manager: Any) -> bool:
     router, _started.router = _started.router, None
     if router is None:
         return False
+    startup.beside("request_router", _started.router_ready_s)
     ray.get(router.add_servers.remote(dict(zip(manager.server_addresses, manager.server_handles, strict=True))))
     replaced, manager.global_load_balancer = manager.global_load_balancer, router
     ray.kill(replaced)
@@ -172,7 +189,9 @@ class PrestartedRouter:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "llm_server_manager" and value is not None:
+            startup.mark("rollout_servers_started")  # the servers are up; what follows is the router's hand-over
             adopt_router(value)
+            startup.mark("router_adopted")
         super().__setattr__(name, value)
 
 

@@ -57,6 +57,7 @@ EVENTS = {
     "reward_workers_started": "reward_workers",
     "teachers_started": "teachers",
     "rollout_servers_started": "rollout_servers",  # vLLM servers: engine, weights, torch.compile, CUDA graphs
+    "router_adopted": "router_adopt",  # the request router started early takes the servers (prestart.py)
     "checkpoint_engine_ready": "checkpoint_engine",
     "rollout_asleep": "rollout_sleep",  # verl puts the replicas to sleep before loading a checkpoint
     "checkpoint_loaded": "checkpoint_load",  # a resumed run's checkpoint (else ~0)

@@ -176,13 +176,13 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                 "vLLM streams a request's first token and its final output only: no per-step outputs that "
                 "verl's server would discard")
         if replica_gpus == 1:
-            # verl asks every server for vLLM's multiprocess executor; on one GPU that is one more process per
-            # replica, started after the engine's own (spawn: Python, torch and vLLM imported again, a CUDA
-            # context) and fed through a shared-memory queue. vLLM's own default there runs the model in the
-            # engine process.
-            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni",
-                    "one GPU a replica: vLLM's engine runs the model in its own process (vLLM's default there), "
-                    "not in a worker process verl's `mp` would start after it")
+            # verl's `mp` executor stays, though on one GPU it is one more process to start (spawn: Python, torch
+            # and vLLM imported again). vLLM's `uni` runs the model in the engine core's own thread: the model's
+            # CPU side (inputs, graph launch, sampling) then waits behind scheduling and output handling, which
+            # `mp`'s worker overlaps. A small model's decode step is that CPU work: under `uni` the 0.6B shape's
+            # longest trajectory took 5.3-8.1 ms a token and generation 2.3-2.9 s a step (H200, 95b5369ae19d),
+            # under `mp` 1.25-1.5 s (H200, 81f1d9d89526): docs/guides/verl.md, "vLLM's executor".
+            #
             # vLLM's default compiles the model with torch.compile (Dynamo, then Inductor) at every server start
             # (verl turns vLLM's compile cache off, VLLM_DISABLE_COMPILE_CACHE=1, for a cache-corruption bug: vLLM
             # issue 31199) and captures CUDA graphs of the compiled pieces. On one GPU the
