@@ -129,9 +129,9 @@ def start(config: DictConfig) -> int:
 
 
 def _create(shared: Any, count: int, determinism: bool | None) -> None:
-    """The actors `start` asks for, in its thread (on the TaskRunner's path, asking for eight workers took 5.1 s on an
-    H100's host): `count` workers built from the config in `shared`, and the router where `determinism` is not None
-    (verl's `full_determinism` for it). A failure leaves verl to start its own.
+    """The actors `start` asks for, in its thread, off the TaskRunner's path: `count` workers built from the config in
+    `shared`, and the router where `determinism` is not None (verl's `full_determinism` for it). A failure leaves
+    verl to start its own.
 
     The thread then waits for the router's first answer, so that the start-up record can say how long it took to
     come up (`beside.request_router`) beside how long the trainer waited for it (the `router_adopt` phase)."""
