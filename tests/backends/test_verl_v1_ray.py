@@ -166,7 +166,8 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
 
     from rl_factory.backends.verl import startup
 
-    assert prestart._started.router_ready_s > 0  # the thread waited for the router's first answer
+    # the thread waited for the router's first answer, which came after its constructor's end in its own process
+    assert 0 < prestart._started.router_built_s <= prestart._started.router_ready_s
     clock = startup.task_runner_clock({})
     try:
         Trainer().llm_server_manager = manager  # as verl's trainer assigns it in _setup
@@ -175,7 +176,8 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
     assert manager.global_load_balancer is router
     # the start-up record: the servers' end, then the hand-over as a phase of its own, the router's start beside
     assert clock.marks["task_runner_started"] <= clock.marks["rollout_servers_started"] <= clock.marks["router_adopted"]
-    assert clock.beside == {"request_router": prestart._started.router_ready_s}
+    assert clock.beside == {"request_router": prestart._started.router_ready_s,
+                            "request_router_built": prestart._started.router_built_s}
     assert "router_adopt" in clock.record()["phases"]
     picked = {ray.get(router.acquire_server.remote(f"request-{i}"))[0] for i in range(8)}
     assert picked == set(manager.server_addresses)  # least-loaded over both

@@ -35,8 +35,10 @@ import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE
 
 from rl_factory.backends.verl import startup
+from rl_factory.backends.verl.timed_router import TimedRouter
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -53,6 +55,7 @@ class _Started:
         self.workers: list[Any] = []
         self.router: Any = None
         self.router_ready_s: float | None = None  # from asking Ray for the router to its first answer
+        self.router_built_s: float | None = None  # from asking to its constructor's end, in its own process
 
     def join(self) -> None:
         if self.thread is not None:
@@ -135,13 +138,11 @@ def _create(shared: Any, count: int, determinism: bool | None) -> None:
 
     The thread then waits for the router's first answer, so that the start-up record can say how long it took to
     come up (`beside.request_router`) beside how long the trainer waited for it (the `router_adopt` phase)."""
-    from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
-
     try:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
         asked = time.time()
         if determinism is not None:  # verl's default router (router.py _create_global_sticky_inflight), no servers yet
-            _started.router = ray.remote(GlobalRequestLoadBalancer).remote(
+            _started.router = ray.remote(TimedRouter).remote(
                 servers={}, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE, full_determinism=determinism)
         _started.workers = [
             PrestartedWorker.options(  # verl's placement: round robin over the nodes with CPUs, soft
@@ -156,8 +157,9 @@ def _create(shared: Any, count: int, determinism: bool | None) -> None:
         return
     if _started.router is not None:
         try:
-            ray.get(_started.router.get_all_servers.remote())
+            built = ray.get(_started.router.built_at.remote())
             _started.router_ready_s = round(time.time() - asked, 3)
+            _started.router_built_s = round(built - asked, 3)
         except Exception:  # noqa: BLE001 - verl's server manager keeps the router it creates
             log.exception("verl: the request router started early did not come up; verl's own is used")
             _started.router = None
@@ -178,6 +180,7 @@ def adopt_router(manager: Any) -> bool:
     if router is None:
         return False
     startup.beside("request_router", _started.router_ready_s)
+    startup.beside("request_router_built", _started.router_built_s)
     ray.get(router.add_servers.remote(dict(zip(manager.server_addresses, manager.server_handles, strict=True))))
     replaced, manager.global_load_balancer = manager.global_load_balancer, router
     ray.kill(replaced)
