@@ -43,9 +43,6 @@ VARIANTS = {
     # CUDA graphs
     "eager": Variant(("actor_rollout_ref.rollout.enforce_eager=true",), "rollout_servers",
                      "decode runs without CUDA graphs: a slower generate phase every step"),
-    # verl's default keeps vLLM asleep between rollouts (weights and KV cache released for the trainer): the
-    # replicas sleep before the checkpoint load and wake for the first weight sync. The tuning plan keeps it awake
-    # where the trainer loses nothing by it (the 0.6B shape on an H200): there this variant is the baseline
     # the tuning starts a one-GPU replica without torch.compile (full CUDA graphs for decode over vLLM's own
     # kernels, tuning.COMPILATION_CONFIG); this is vLLM's default, which verl asks for: compiled, piecewise and
     # full graphs
@@ -53,6 +50,9 @@ VARIANTS = {
                          "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode="
                          "FULL_AND_PIECEWISE"), "rollout_servers (added)",
                         "Inductor's fused kernels inside the CUDA graphs: what the generate phase gains by them"),
+    # verl's default keeps vLLM asleep between rollouts (weights and KV cache released for the trainer): the
+    # replicas sleep before the checkpoint load and wake for the first weight sync. The tuning plan keeps it awake
+    # where the trainer loses nothing by it (the 0.6B shape on an H200): there this variant is the baseline
     "awake": Variant(("actor_rollout_ref.rollout.free_cache_engine=false",), "rollout_sleep, weight_sync",
                      "vLLM's weights and KV cache stay on the GPU beside the trainer's state (fine for small models)"),
     "no_dashboard": Variant(("+ray_kwargs.ray_init.include_dashboard=false",), "ray_init",

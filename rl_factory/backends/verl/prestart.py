@@ -10,8 +10,8 @@ processes needs the servers until a trajectory asks for tokens: the workers need
 client and the reward workers' handles from the trainer, and the router starts empty (verl's own hybrid scaling
 adds servers to it later the same way).
 
-So our TaskRunner starts them first (`start`, in a thread: asking Ray for named actors with verl's config takes
-seconds), as verl would (the same classes, names and node spreading), and
+So our TaskRunner starts them first (`start`; the asking, and the wait for the router's first answer that the
+start-up record reports, in a thread off its path), as verl would (the same classes, names and node spreading), and
 - names `PrestartedAgentLoopManager` as verl's agent-loop manager class (`agent.agent_loop_manager_class`, verl's
   own extension point): when verl's TaskRunner builds the manager, it hands the started workers the clients
   (`attach`) instead of starting new ones;
