@@ -6,12 +6,17 @@
     python benchmarks/ab.py --common actor_rollout_ref.rollout.free_cache_engine=false actor_cache_at_sync=keep
                                                         # both sides with vLLM awake: B adds only actor_cache_at_sync=keep
     bash benchmarks/gpu_suite.sh ab actor_cache_at_sync=keep                # on the lent GPU: both in one call
+    python benchmarks/ab.py --a-ceilings --a-earlier outputs/bench/gpu_step.jsonl actor_cache_at_sync=keep
+                                                        # A also measures the ceilings, joined with an earlier launch
 
 Each side is `benchmarks/gpu_step.py --shape S --steps K --no-ceilings` (its own line and record too), so both run on
 one machine minutes apart, the same job and weights, which a setting's effect needs: one launch's steady steps vary
 with the machine by more than some settings move them. Its line: `a` and `b` (step and phase medians over steps
 2..K, each step's numbers, peak memory, start-up), `b_over_a` (each phase's B / A median; below 1: B is faster) and
 `overrides`. A side that logged no step says why (`error`), and the other is still reported.
+
+`--a-ceilings` runs A as a full `gpu_step.py` launch (its ceilings measured after the job, `--a-earlier` joining its
+record with an earlier launch's): the head's second launch for the step targets and the A of a comparison, in one call.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ PHASES = ("generate", "old_log_prob", "update", "update_weights")
 
 
 def side(line: dict[str, Any]) -> dict[str, Any]:
-    """What a gpu_step line says of one side."""
-    phases = line.get("phases") or {}
-    return {"step_s": line.get("step_s"), **{p: (phases.get(p) or {}).get("s") for p in PHASES},
+    """What a gpu_step line says of one side: this launch's own medians where the line joins two launches."""
+    own = line.get("this_launch") or line
+    phases = own.get("phases") or {}
+    return {"step_s": own.get("step_s"), **{p: (phases.get(p) or {}).get("s") for p in PHASES},
             "all_step_s": line.get("all_step_s"), "per_step": line.get("per_step"),
             "memory_gb": line.get("memory_gb"), "overrides": line.get("overrides"),
             "launch_to_first_step_s": (line.get("startup") or {}).get("launch_to_first_step_s"),
@@ -49,16 +55,29 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
     return {key: ratio(key) for key in ("step_s", *PHASES)}
 
 
+CEILINGS_S = 240  # what a side measuring the ceilings may take beyond its job (three fresh processes; ~80 s on an H200)
+
+
 def run_side(base: list[str], overrides: list[str], timeout: float) -> dict[str, Any]:
     cmd = [*base, *overrides]
+    timeout += 120 + (0 if "--no-ceilings" in base else CEILINGS_S)
     try:  # gpu_step stops its job at `timeout`; the rest is building the model and tearing Ray down
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return {"error": f"no line after {exc.timeout:.0f} s", "command": cmd}
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": (proc.stderr or proc.stdout)[-2000:], "exit_code": proc.returncode, "command": cmd}
     return {**side(json.loads(lines[-1])), "command": cmd}
+
+
+def side_commands(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each side's gpu_step.py command before its overrides: B never measures the ceilings, A where asked."""
+    base = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--shape", args.shape, "--steps", str(args.steps),
+            "--timeout", str(args.timeout), "--out", args.out]
+    return {"a": [*base, *([] if args.a_ceilings else ["--no-ceilings"]),
+                  *(["--earlier", args.a_earlier] if args.a_earlier else [])],
+            "b": [*base, "--no-ceilings"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,16 +90,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cfg-job", action="store_true", help="compose both commands (main_grpo.sh --cfg job), no GPU")
     ap.add_argument("--common", action="append", default=[], metavar="KEY=VALUE",
                     help="an override both sides run with (repeatable): B then differs from A only by `overrides`")
+    ap.add_argument("--a-ceilings", action="store_true",
+                    help="A measures the ceilings too (gpu_step.py without --no-ceilings): a launch of the step targets")
+    ap.add_argument("--a-earlier", metavar="RESULTS", help="A's record joined with an earlier launch's (gpu_step.py --earlier)")
     ap.add_argument("overrides", nargs="+", help="B's overrides (main_grpo.sh key=value, ours or verl's)")
     args = ap.parse_args(argv)
-    base = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--shape", args.shape, "--steps", str(args.steps),
-            "--no-ceilings", "--timeout", str(args.timeout), "--out", args.out]
+    bases = side_commands(args)
     if args.cfg_job:
-        codes = [subprocess.run([*base, "--cfg-job", *args.common, *o], cwd=ROOT).returncode
-                 for o in ([], args.overrides)]
+        codes = [subprocess.run([*bases[name], "--cfg-job", *args.common, *o], cwd=ROOT).returncode
+                 for name, o in (("a", []), ("b", args.overrides))]
         sys.exit(max(codes))
     order = [("b", args.overrides), ("a", [])] if args.b_first else [("a", []), ("b", args.overrides)]
-    sides = {name: run_side(base, [*args.common, *overrides], args.timeout) for name, overrides in order}
+    sides = {name: run_side(bases[name], [*args.common, *overrides], args.timeout) for name, overrides in order}
     from benchmarks.record import emit
 
     emit("ab", {"bench": "ab", "shape": args.shape, "steps": args.steps, "overrides": args.overrides,

@@ -12,6 +12,8 @@
 #                                            # (medians over both launches' steps: benchmarks/launches.py)
 #   bash benchmarks/gpu_suite.sh ab OVERRIDE...   # the 0.6B job twice in one call, as configured then with the
 #                                            # overrides (benchmarks/ab.py: each phase's B / A; AB_TIMEOUT s a job)
+#                                            # (ab --a-ceilings --a-earlier $BENCH_RESULTS_DIR/gpu_step.jsonl OVERRIDE...:
+#                                            # A is also the head's launch with ceilings, joined with the earlier one)
 #   bash benchmarks/gpu_suite.sh trace [ARGS]    # the 0.6B job with verl's torch profiler on the actor at step 3;
 #                                            # benchmarks/trace_summary.py: GPU-busy share of the update and sync
 #   bash benchmarks/gpu_suite.sh profile [ARGS]  # the same job with py-spy on the actor, trainer, vLLM and agent loop

@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def recorded_line() -> dict:
-    """The newest 0.6B gpu_step record of the repository (an H200 run): A."""
+    """The newest one-launch 0.6B gpu_step record of the repository (an H200 run): A."""
     lines = [json.loads(x) for x in (ROOT / "benchmarks/results/gpu_step.jsonl").read_text().splitlines() if x.strip()]
-    return next(r for r in reversed(lines) if r.get("shape") == "qwen3-0.6b" and r.get("phases"))
+    return next(r for r in reversed(lines)
+                if r.get("shape") == "qwen3-0.6b" and r.get("phases") and "this_launch" not in r)
 
 
 def test_b_over_a_is_each_phase_and_the_steps_ratio():
@@ -28,6 +29,29 @@ def test_b_over_a_is_each_phase_and_the_steps_ratio():
     assert got["step_s"] == 0.9 and got["update_weights"] == 0.5 and got["update"] == 1.0
     assert got["old_log_prob"] is None
     assert a["launch_to_first_step_s"] == a_line["startup"]["launch_to_first_step_s"]
+
+
+def test_a_joined_line_compares_its_own_launch():
+    """A measured with the ceilings and joined with an earlier launch (--a-ceilings --a-earlier): its headline numbers
+    are both launches' medians; the comparison takes this launch's own."""
+    own = recorded_line()
+    joined = {**json.loads(json.dumps(own)), "launches": 2, "step_s": own["step_s"] * 3,
+              "this_launch": {"step_s": own["step_s"], "phases": own["phases"]}}
+    joined["phases"]["generate"]["s"] = own["phases"]["generate"]["s"] * 3
+    assert ab.side(joined)["step_s"] == own["step_s"]
+    assert ab.side(joined)["generate"] == own["phases"]["generate"]["s"]
+
+
+def test_only_a_measures_the_ceilings_and_joins_an_earlier_launch(monkeypatch):
+    captured = {}
+    monkeypatch.setattr(ab, "run_side", lambda base, overrides, timeout: captured.setdefault(
+        "sides", []).append((base, overrides)) or {"error": "not run", "command": base})
+    monkeypatch.setattr("benchmarks.record.emit", lambda *a, **k: captured.setdefault("emitted", a))
+    ab.main(["--a-ceilings", "--a-earlier", "earlier.jsonl", "x=1"])
+    (a_base, a_over), (b_base, b_over) = captured["sides"]
+    assert "--no-ceilings" not in a_base and a_base[a_base.index("--earlier") + 1] == "earlier.jsonl"
+    assert "--no-ceilings" in b_base and "--earlier" not in b_base
+    assert (a_over, b_over) == ([], ["x=1"])
 
 
 def test_a_side_without_a_line_says_why_and_the_other_still_counts():
