@@ -29,7 +29,7 @@ from rl_factory.backends.verl.pipeline import pipeline_values
 from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.sampler import sampler_values
-from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Plan, gpu_bytes, plan
+from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Offload, Plan, gpu_bytes, plan
 from rl_factory.backends.verl.validate import verl_defaults
 from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short, closest_key_hint
 
@@ -212,6 +212,7 @@ def _given(key: str, given: set[str]) -> bool:
 
 VARLEN_MODULE = "rl_factory.models.varlen_attention"
 SLEEP_KEY = "actor_rollout_ref.rollout.free_cache_engine"
+FSDP_KEY = "actor_rollout_ref.actor.fsdp_config"
 
 
 def _storage_units(cfg: DictConfig) -> int:
@@ -243,7 +244,9 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
                     else 0, replica_gpus=replica_gpus(cfg), nodes=int(cfg.trainer.nnodes),
                     storage_units=_storage_units(cfg),
-                    free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None)
+                    free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None,
+                    offload=Offload(params=bool(OmegaConf.select(cfg, f"{FSDP_KEY}.param_offload")),
+                                    optimizer=bool(OmegaConf.select(cfg, f"{FSDP_KEY}.optimizer_offload"))))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

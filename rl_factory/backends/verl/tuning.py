@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,9 +149,51 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
     return awake if awake // shape.activation_bytes_per_token(False) >= need else None
 
 
+@dataclass(frozen=True)
+class Offload:
+    """verl's CPU offload of the actor between its phases (`actor.fsdp_config.*_offload`): what is not on the GPU
+    while vLLM generates. verl loads both back for the update, so the training budget is the same either way."""
+    params: bool = False
+    optimizer: bool = False
+
+
+def rollout_state(shape: ModelShape, *, gpus: int, lora: bool, offload: Offload = Offload()) -> int:
+    """What the trainer keeps on each GPU while vLLM generates: fp32 weights and Adam's moments (LoRA: the frozen
+    base), less what verl offloads, and its CUDA context. No gradients: verl's update frees them on its way out
+    (`optimizer.zero_grad()`, set to None, in the engine's train-mode exit), so vLLM's share can use the room they
+    take during the update."""
+    weights = 0 if offload.params else 4 * shape.params
+    moments = 0 if lora or offload.optimizer else 8 * shape.params
+    return (weights + moments) // gpus + CUDA_CONTEXT_BYTES
+
+
+def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, replica_gpus: int = 1,
+                  offload: Offload = Offload()) -> float:
+    """vLLM's `gpu_memory_utilization`: what is left of 90% of the GPU beside `rollout_state` (at most
+    ROLLOUT_MEMORY_SHARE), and never less than vLLM needs to start: its bf16 weights (split over a replica's
+    GPUs), its runtime and MIN_KV_BYTES of KV cache. vLLM sizes its KV cache from this share minus the weights and
+    its runtime: a share below that fails at vLLM's start ("No available memory for the cache blocks") after
+    minutes of start-up, so a GPU without room for it is refused here, where --cfg job and --doctor see it."""
+    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload)
+    room = gpu_total * 0.9 - kept
+    least = 2 * shape.params // replica_gpus + VLLM_RUNTIME_BYTES + MIN_KV_BYTES
+    if least > room:
+        raise ModelDoesNotFit(
+            f"vLLM needs at least {least / GIB:.1f} GiB per GPU for a {shape.params / 1e9:.1f}B-parameter model (its "
+            f"bf16 weights, its runtime and {MIN_KV_BYTES / GIB:.0f} GiB of KV cache), and the trainer keeps "
+            f"{kept / GIB:.0f} GiB of its {gpu_total / GIB:.0f} GiB through the rollout (weights and optimizer "
+            "state): split vLLM's weights over more GPUs (actor_rollout_ref.rollout.tensor_model_parallel_size), offload "
+            "the optimizer state while vLLM runs (actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), train "
+            "LoRA adapters (model.lora_rank=64) or raise trainer.n_gpus_per_node (or nnodes)")
+    # down to the hundredth (up would ask vLLM for more than the room), but never below what vLLM needs
+    share = math.floor(100 * min(ROLLOUT_MEMORY_SHARE * gpu_total, room) / gpu_total) / 100
+    return max(share, math.ceil(100 * least / gpu_total) / 100)
+
+
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
-         replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None) -> Plan:
+         replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
+         offload: Offload = Offload()) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
@@ -158,6 +201,7 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     `replica_gpus`: the GPUs of one rollout replica (tensor x data x pipeline parallel).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
     `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
+    `offload`: verl's offload of the actor's parameters and optimizer state while vLLM runs, as configured.
     """
     out = Plan()
     if 2 * nodes < storage_units:
@@ -176,13 +220,15 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                 "vLLM streams a request's first token and its final output only: no per-step outputs that "
                 "verl's server would discard")
         if replica_gpus == 1:
-            # verl's `mp` executor stays, though on one GPU it is one more process to start (spawn: Python, torch
-            # and vLLM imported again). vLLM's `uni` runs the model in the engine core's own thread: the model's
-            # CPU side (inputs, graph launch, sampling) then waits behind scheduling and output handling, which
-            # `mp`'s worker overlaps. A small model's decode step is that CPU work: under `uni` the 0.6B shape's
-            # longest trajectory took 5.3-8.1 ms a token and generation 2.3-2.9 s a step (H200, 95b5369ae19d),
-            # under `mp` 1.25-1.5 s (H200, 81f1d9d89526): docs/guides/verl.md, "vLLM's executor".
-            #
+            # verl asks every server for vLLM's multiprocess executor; on one GPU that is one more process per
+            # replica, started after the engine's own (spawn: Python, torch and vLLM imported again, a CUDA
+            # context). vLLM's own default there, `uni`, runs the model in the engine core's process. Both in one
+            # invocation (H100, 796e663c020c, benchmarks/ab.py): generation 1.94 s a step under `mp`, 1.95 under
+            # `uni`; vLLM's servers started in 38.9 s under `uni`, 46.7 under `mp` (docs/guides/verl.md, "vLLM's
+            # executor").
+            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni",
+                    "one GPU a replica: vLLM's engine runs the model in its own process (vLLM's default there), "
+                    "not in a worker process verl's `mp` would start after it")
             # vLLM's default compiles the model with torch.compile (Dynamo, then Inductor) at every server start
             # (verl turns vLLM's compile cache off, VLLM_DISABLE_COMPILE_CACHE=1, for a cache-corruption bug: vLLM
             # issue 31199) and captures CUDA graphs of the compiled pieces. On one GPU the
@@ -224,11 +270,11 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     no_ckpt = budget // shape.activation_bytes_per_token(False)
     checkpointing = no_ckpt < need
     fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
-    # vLLM's share while it is awake beside the trainer's state
-    room = (gpu_total * 0.9 - static) / gpu_total
-    share = round(max(0.1, min(ROLLOUT_MEMORY_SHARE, room)), 2)
+    share = rollout_share(shape, gpus=gpus, gpu_total=gpu_total, lora=lora, replica_gpus=replica_gpus, offload=offload)
+    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload)
     out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
-            f"vLLM's weights and KV cache beside {static / GIB:.0f} GiB of training state")
+            f"vLLM's weights and KV cache beside the {kept / GIB:.0f} GiB the trainer keeps through the rollout "
+            "(weights and optimizer state, no gradients)")
     kv_cache = None
     if vllm_request_tokens > 0 and concurrency > 0:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
