@@ -176,6 +176,8 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
     assert manager.global_load_balancer is router
     # the start-up record: the servers' end, then the hand-over as a phase of its own, the router's start beside
     assert clock.marks["task_runner_started"] <= clock.marks["rollout_servers_started"] <= clock.marks["router_adopted"]
+    hand_over = clock.marks["router_adopted"] - clock.marks["rollout_servers_started"]
+    assert clock.beside.pop("router_add_servers") + clock.beside.pop("router_kill_verls") <= hand_over + 0.002
     assert clock.beside == {"request_router": prestart._started.router_ready_s,
                             "request_router_built": prestart._started.router_built_s}
     assert "router_adopt" in clock.record()["phases"]

@@ -181,9 +181,14 @@ def adopt_router(manager: Any) -> bool:
         return False
     startup.beside("request_router", _started.router_ready_s)
     startup.beside("request_router_built", _started.router_built_s)
+    # each call timed on its own: the hand-over took 4.4-7.0 s on a GPU host, 10 ms in a CPU simulation
+    began = time.time()
     ray.get(router.add_servers.remote(dict(zip(manager.server_addresses, manager.server_handles, strict=True))))
+    added = time.time()
     replaced, manager.global_load_balancer = manager.global_load_balancer, router
     ray.kill(replaced)
+    startup.beside("router_add_servers", round(added - began, 3))
+    startup.beside("router_kill_verls", round(time.time() - added, 3))
     return True
 
 
