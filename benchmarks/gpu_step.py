@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     launched = time.time()
     cache = "fresh" if args.fresh_caches else startup_variants.compile_cache(launch_env(args, run_dir))
     lines, wall, device = run_verl(args, model, run_dir)
+    kept = startup_variants.keep_fresh_caches(run_dir) if args.fresh_caches else []
     until = args.measure_until or args.steps
     numbers = step_numbers(lines, until)
     steps = sorted({m["step"] for m in measured(lines, until)})
@@ -352,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
                 "max_turns": args.max_turns, "lr": args.lr}, "overrides": list(args.overrides),
         "mean_turns": statistics.fmean(lengths["turns"]) if lengths["turns"] else None,
         "job_wall_s": round(wall, 1), "step_s": numbers["step"], "all_step_s": numbers["all_step_s"],
+        **({"fresh_caches_kept": kept} if kept else {}),
         "per_step": numbers["per_step"],
         # wall-clock ends of the steps: jobs on one GPU (gpu_suite.sh compare) show from these whether their
         # measured steps overlapped

@@ -33,6 +33,27 @@ def test_the_combined_variants_are_their_parts():
     assert phases <= set(EVENTS.values())  # each names phases startup.json has
 
 
+def test_a_fresh_launchs_caches_join_the_machines_without_replacing_its_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(startup_variants.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    run = tmp_path / "run-x"
+    fresh = {var: Path(d) for var, d in startup_variants.fresh_cache_env(run).items()}
+    (fresh["TRITON_CACHE_DIR"] / "k1").mkdir(parents=True)
+    (fresh["TRITON_CACHE_DIR"] / "k1" / "kernel.so").write_text("new")
+    (fresh["TRITON_CACHE_DIR"] / "k2.json").write_text("new")
+    (fresh["VLLM_CACHE_ROOT"] / "modelinfos").mkdir(parents=True)
+    (fresh["VLLM_CACHE_ROOT"] / "modelinfos" / "qwen3.json").write_text("{}")
+    machine = {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "k2.json").write_text("the machine's")
+    # no Inductor cache was written by the launch: nothing kept for it
+    assert startup_variants.keep_fresh_caches(run, machine) == ["VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"]
+    assert (tmp_path / "triton" / "k1" / "kernel.so").read_text() == "new"
+    assert (tmp_path / "triton" / "k2.json").read_text() == "the machine's"  # a file already there stays
+    assert (tmp_path / "xdg" / "vllm" / "modelinfos" / "qwen3.json").exists()  # vLLM's default under XDG_CACHE_HOME
+    inductor = startup_variants.machine_cache_dirs(machine)["TORCHINDUCTOR_CACHE_DIR"]
+    assert inductor.parent == tmp_path / "tmp" and inductor.name.startswith("torchinductor_")
+
+
 def test_fresh_caches_are_the_launchs_own_and_the_cache_state_is_read(tmp_path):
     args = gpu_step.parse_args(["--fresh-caches"])
     run = tmp_path / f"run-{tmp_path.name}"
