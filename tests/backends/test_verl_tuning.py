@@ -54,6 +54,25 @@ def test_4b_on_one_80_gb_gpu_gives_vllm_its_weights_and_a_kv_cache():
     assert offloaded["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.6
 
 
+def test_a_critic_keeps_its_weights_and_moments_beside_the_actor():
+    """GAE: verl builds the critic from the actor's model and trains it on the same GPUs; outside its own update it
+    keeps 12 B/param there, through the actor's update and the rollout."""
+    alone, with_critic = plan(QWEN3_4B, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=False), \
+        plan(QWEN3_4B, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=True)
+    assert _static_gib(with_critic.reasons) - _static_gib(alone.reasons) == pytest.approx(12 * QWEN3_4B.params / GIB, abs=1)
+    share = with_critic.values["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    assert share * H200 + 24 * QWEN3_4B.params + 3 * GIB <= 0.9 * H200 < 0.9 * H200 + 12 * QWEN3_4B.params
+    assert share < alone.values["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    # the 4B's actor and critic cannot train on one 80-GB GPU: refused before the launch, the critic's part named
+    with pytest.raises(ModelDoesNotFit, match="45 GiB of it a critic's"):
+        _values(QWEN3_4B, gpu_total=H100, critic=True)
+    assert _values(QWEN3_4B, gpu_total=H100, critic=False)  # the actor alone does
+    # the critic's state offloaded (verl's critic.fsdp.*_offload): none of it stays
+    offloaded = plan(QWEN3_4B, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=True,
+                     critic_offload=Offload(params=True, optimizer=True))
+    assert _static_gib(offloaded.reasons) == _static_gib(alone.reasons)
+
+
 def test_a_rollout_without_room_for_vllms_weights_is_refused_naming_tensor_parallel():
     """32B over 16 GPUs of 80 GB: the training state fits (2 GB of it a billion parameters per GPU), but one vLLM
     replica per GPU needs the 61 GiB of bf16 weights each; split over 2 GPUs, they fit."""

@@ -212,7 +212,6 @@ def _given(key: str, given: set[str]) -> bool:
 
 VARLEN_MODULE = "rl_factory.models.varlen_attention"
 SLEEP_KEY = "actor_rollout_ref.rollout.free_cache_engine"
-FSDP_KEY = "actor_rollout_ref.actor.fsdp_config"
 
 
 def _storage_units(cfg: DictConfig) -> int:
@@ -245,10 +244,16 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     else 0, replica_gpus=replica_gpus(cfg), nodes=int(cfg.trainer.nnodes),
                     storage_units=_storage_units(cfg),
                     free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None,
-                    offload=Offload(params=bool(OmegaConf.select(cfg, f"{FSDP_KEY}.param_offload")),
-                                    optimizer=bool(OmegaConf.select(cfg, f"{FSDP_KEY}.optimizer_offload"))))
+                    offload=_offload(cfg, "actor_rollout_ref.actor.fsdp_config"),
+                    critic_offload=_offload(cfg, "critic.fsdp"))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _offload(cfg: DictConfig, fsdp_config: str) -> Offload:
+    """A model's CPU offload outside its update, from verl's `fsdp_config` at that key."""
+    return Offload(params=bool(OmegaConf.select(cfg, f"{fsdp_config}.param_offload")),
+                   optimizer=bool(OmegaConf.select(cfg, f"{fsdp_config}.optimizer_offload")))
 
 
 def _critic(cfg: DictConfig) -> bool:

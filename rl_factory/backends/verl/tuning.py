@@ -11,6 +11,9 @@ The memory model (bytes, per GPU, FSDP over `gpus` ranks, bf16 compute, fp32 mas
 keeps them):
   static   = 16 P / gpus (fp32 weights, grads, Adam moments) + the bf16 copy of one layer gathered
              (LoRA: 4 P / gpus for the frozen fp32 base, adapters negligible)
+             + 12 P / gpus of a critic's weights and moments under GAE (its gradients freed after its update)
+  rollout  = 12 P / gpus (4 P with LoRA) and the critic's 12 P / gpus, less what verl offloads: no gradients
+             while vLLM runs; vLLM's share is what 90% of the GPU leaves beside it
   per token= 2 L (6 h + 3 h_q + 2 h_kv + 4 i)   saved activations of a decoder layer, no checkpointing
              2 L (2 h) + one layer's activations   with gradient checkpointing
              (both times ACTIVATION_SLACK)
@@ -157,24 +160,38 @@ class Offload:
     optimizer: bool = False
 
 
-def rollout_state(shape: ModelShape, *, gpus: int, lora: bool, offload: Offload = Offload()) -> int:
-    """What the trainer keeps on each GPU while vLLM generates: fp32 weights and Adam's moments (LoRA: the frozen
-    base), less what verl offloads, and its CUDA context. No gradients: verl's update frees them on its way out
-    (`optimizer.zero_grad()`, set to None, in the engine's train-mode exit), so vLLM's share can use the room they
-    take during the update."""
+def kept_between_updates(shape: ModelShape, *, gpus: int, lora: bool, offload: Offload = Offload()) -> int:
+    """What one model's training keeps on each GPU outside its own update: fp32 weights and Adam's moments (LoRA:
+    the frozen base), less what verl offloads. No gradients: verl's update frees them on its way out
+    (`optimizer.zero_grad()`, set to None, in the engine's train-mode exit)."""
     weights = 0 if offload.params else 4 * shape.params
     moments = 0 if lora or offload.optimizer else 8 * shape.params
-    return (weights + moments) // gpus + CUDA_CONTEXT_BYTES
+    return (weights + moments) // gpus
+
+
+def critic_state(shape: ModelShape, *, gpus: int, critic: bool, offload: Offload = Offload()) -> int:
+    """A critic's (GAE) share of each GPU outside its update: verl builds it from the actor's model (its value head
+    in place of the LM head: about as many parameters), trained in full, on the same GPUs."""
+    return kept_between_updates(shape, gpus=gpus, lora=False, offload=offload) if critic else 0
+
+
+def rollout_state(shape: ModelShape, *, gpus: int, lora: bool, offload: Offload = Offload(), critic: bool = False,
+                  critic_offload: Offload = Offload()) -> int:
+    """What the trainer keeps on each GPU while vLLM generates: the actor's and a critic's weights and moments
+    (`kept_between_updates`) and the CUDA context; vLLM's share can use the room the gradients take during an
+    update."""
+    return (kept_between_updates(shape, gpus=gpus, lora=lora, offload=offload) + CUDA_CONTEXT_BYTES
+            + critic_state(shape, gpus=gpus, critic=critic, offload=critic_offload))
 
 
 def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, replica_gpus: int = 1,
-                  offload: Offload = Offload()) -> float:
+                  offload: Offload = Offload(), critic: bool = False, critic_offload: Offload = Offload()) -> float:
     """vLLM's `gpu_memory_utilization`: what is left of 90% of the GPU beside `rollout_state` (at most
     ROLLOUT_MEMORY_SHARE), and never less than vLLM needs to start: its bf16 weights (split over a replica's
     GPUs), its runtime and MIN_KV_BYTES of KV cache. vLLM sizes its KV cache from this share minus the weights and
     its runtime: a share below that fails at vLLM's start ("No available memory for the cache blocks") after
     minutes of start-up, so a GPU without room for it is refused here, where --cfg job and --doctor see it."""
-    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload)
+    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload, critic=critic, critic_offload=critic_offload)
     room = gpu_total * 0.9 - kept
     least = 2 * shape.params // replica_gpus + VLLM_RUNTIME_BYTES + MIN_KV_BYTES
     if least > room:
@@ -182,7 +199,7 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
             f"vLLM needs at least {least / GIB:.1f} GiB per GPU for a {shape.params / 1e9:.1f}B-parameter model (its "
             f"bf16 weights, its runtime and {MIN_KV_BYTES / GIB:.0f} GiB of KV cache), and the trainer keeps "
             f"{kept / GIB:.0f} GiB of its {gpu_total / GIB:.0f} GiB through the rollout (weights and optimizer "
-            "state): split vLLM's weights over more GPUs (actor_rollout_ref.rollout.tensor_model_parallel_size), offload "
+            f"state{', a critic included' if critic else ''}): split vLLM's weights over more GPUs (actor_rollout_ref.rollout.tensor_model_parallel_size), offload "
             "the optimizer state while vLLM runs (actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), train "
             "LoRA adapters (model.lora_rank=64) or raise trainer.n_gpus_per_node (or nnodes)")
     # down to the hundredth (up would ask vLLM for more than the room), but never below what vLLM needs
@@ -193,7 +210,7 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
          replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
-         offload: Offload = Offload()) -> Plan:
+         offload: Offload = Offload(), critic_offload: Offload = Offload()) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
@@ -201,7 +218,8 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     `replica_gpus`: the GPUs of one rollout replica (tensor x data x pipeline parallel).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
     `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
-    `offload`: verl's offload of the actor's parameters and optimizer state while vLLM runs, as configured.
+    `offload`, `critic_offload`: verl's offload of the actor's (the critic's) parameters and optimizer state outside
+    its update, as configured.
     """
     out = Plan()
     if 2 * nodes < storage_units:
@@ -258,23 +276,31 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
             "rows are tokenized in microseconds; worker processes only outlive the job (a 'killed by signal' traceback)")
     if shape is None:
         return out
-    static = (4 if lora else 16) * shape.params // gpus + 2 * shape.params // max(1, shape.layers) + CUDA_CONTEXT_BYTES
+    # a critic's weights and moments stay on the GPUs through the actor's update (and the actor's through the
+    # critic's, which the same micro-batch budget is used for: the two models are the same size)
+    beside = critic_state(shape, gpus=gpus, critic=critic, offload=critic_offload)
+    static = ((4 if lora else 16) * shape.params // gpus + 2 * shape.params // max(1, shape.layers)
+              + CUDA_CONTEXT_BYTES + beside)
     budget = int(gpu_total * MEMORY_FRACTION) - static
     need = max(MIN_TOKENS_PER_MICRO, longest_sequence)
     if budget <= 0 or budget // shape.activation_bytes_per_token(True) < longest_sequence:
+        with_critic = f" ({beside / GIB:.0f} GiB of it a critic's, GAE)" if beside else ""
         raise ModelDoesNotFit(
             f"a {shape.params / 1e9:.1f}B-parameter model needs about {static / GIB:.0f} GiB per GPU for its training "
-            f"state on {gpus} GPU(s) of {gpu_total / GIB:.0f} GiB, leaving no room for one {longest_sequence}-token "
+            f"state{with_critic} on {gpus} GPU(s) of {gpu_total / GIB:.0f} GiB, leaving no room for one "
+            f"{longest_sequence}-token "
             "sequence: raise trainer.n_gpus_per_node (or nnodes), train LoRA adapters (model.lora_rank=64), or offload "
             "with actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
     no_ckpt = budget // shape.activation_bytes_per_token(False)
     checkpointing = no_ckpt < need
     fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
-    share = rollout_share(shape, gpus=gpus, gpu_total=gpu_total, lora=lora, replica_gpus=replica_gpus, offload=offload)
-    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload)
+    share = rollout_share(shape, gpus=gpus, gpu_total=gpu_total, lora=lora, replica_gpus=replica_gpus, offload=offload,
+                          critic=critic, critic_offload=critic_offload)
+    kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload, critic=critic, critic_offload=critic_offload)
+    whose = ", the critic's included" if critic else ""
     out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
             f"vLLM's weights and KV cache beside the {kept / GIB:.0f} GiB the trainer keeps through the rollout "
-            "(weights and optimizer state, no gradients)")
+            f"(weights and optimizer state{whose}, no gradients)")
     kv_cache = None
     if vllm_request_tokens > 0 and concurrency > 0:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
