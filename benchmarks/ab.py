@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--common", action="append", default=[], metavar="KEY=VALUE",
                     help="an override both sides run with (repeatable): B then differs from A only by `overrides`")
     ap.add_argument("--a-ceilings", action="store_true",
-                    help="A measures the ceilings too (gpu_step.py without --no-ceilings): a launch of the step targets")
-    ap.add_argument("--a-earlier", metavar="RESULTS", help="A's record joined with an earlier launch's (gpu_step.py --earlier)")
+                    help="A measures the ceilings too (gpu_step.py without --no-ceilings): a launch of the targets")
+    ap.add_argument("--a-earlier", metavar="RESULTS",
+                    help="A's record joined with an earlier launch's (gpu_step.py --earlier)")
     ap.add_argument("overrides", nargs="+", help="B's overrides (main_grpo.sh key=value, ours or verl's)")
     args = ap.parse_args(argv)
     bases = side_commands(args)

@@ -11,7 +11,8 @@ The memory model (bytes, per GPU, FSDP over `gpus` ranks, bf16 compute, fp32 mas
 keeps them):
   static   = 16 P / gpus (fp32 weights, grads, Adam moments) + the bf16 copy of one layer gathered
              (LoRA: 4 P / gpus for the frozen fp32 base, adapters negligible)
-             + 12 P / gpus of a critic's weights and moments under GAE (its gradients freed after its update)
+             under GAE: the larger of the actor's update beside the critic's 12 P / gpus of weights and moments
+             and the critic's (16 P / gpus) beside the actor's, each less what verl offloads between updates
   rollout  = 12 P / gpus (4 P with LoRA) and the critic's 12 P / gpus, less what verl offloads: no gradients
              while vLLM runs; vLLM's share is what 90% of the GPU leaves beside it
   per token= 2 L (6 h + 3 h_q + 2 h_kv + 4 i)   saved activations of a decoder layer, no checkpointing
@@ -199,9 +200,10 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
             f"vLLM needs at least {least / GIB:.1f} GiB per GPU for a {shape.params / 1e9:.1f}B-parameter model (its "
             f"bf16 weights, its runtime and {MIN_KV_BYTES / GIB:.0f} GiB of KV cache), and the trainer keeps "
             f"{kept / GIB:.0f} GiB of its {gpu_total / GIB:.0f} GiB through the rollout (weights and optimizer "
-            f"state{', a critic included' if critic else ''}): split vLLM's weights over more GPUs (actor_rollout_ref.rollout.tensor_model_parallel_size), offload "
-            "the optimizer state while vLLM runs (actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), train "
-            "LoRA adapters (model.lora_rank=64) or raise trainer.n_gpus_per_node (or nnodes)")
+            f"state{', a critic included' if critic else ''}): split vLLM's weights over more GPUs "
+            "(actor_rollout_ref.rollout.tensor_model_parallel_size), offload the optimizer state while vLLM runs "
+            "(actor_rollout_ref.actor.fsdp_config.optimizer_offload=true), train LoRA adapters (model.lora_rank=64) or "
+            "raise trainer.n_gpus_per_node (or nnodes)")
     # down to the hundredth (up would ask vLLM for more than the room), but never below what vLLM needs
     share = math.floor(100 * min(ROLLOUT_MEMORY_SHARE * gpu_total, room) / gpu_total) / 100
     return max(share, math.ceil(100 * least / gpu_total) / 100)
@@ -276,21 +278,24 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
             "rows are tokenized in microseconds; worker processes only outlive the job (a 'killed by signal' traceback)")
     if shape is None:
         return out
-    # a critic's weights and moments stay on the GPUs through the actor's update (and the actor's through the
-    # critic's, which the same micro-batch budget is used for: the two models are the same size)
-    beside = critic_state(shape, gpus=gpus, critic=critic, offload=critic_offload)
-    static = ((4 if lora else 16) * shape.params // gpus + 2 * shape.params // max(1, shape.layers)
-              + CUDA_CONTEXT_BYTES + beside)
+    # under GAE each model's update runs beside the other's weights and moments (its gradients freed), the critic's
+    # with the same micro-batch budget (the two are the same size)
+    train = (4 if lora else 16) * shape.params // gpus
+    if critic:
+        train = max(train + critic_state(shape, gpus=gpus, critic=True, offload=critic_offload),
+                    16 * shape.params // gpus + kept_between_updates(shape, gpus=gpus, lora=lora, offload=offload))
+    static = train + 2 * shape.params // max(1, shape.layers) + CUDA_CONTEXT_BYTES
     budget = int(gpu_total * MEMORY_FRACTION) - static
     need = max(MIN_TOKENS_PER_MICRO, longest_sequence)
     if budget <= 0 or budget // shape.activation_bytes_per_token(True) < longest_sequence:
-        with_critic = f" ({beside / GIB:.0f} GiB of it a critic's, GAE)" if beside else ""
+        gae = (". Under GAE each update runs beside the other model's weights and moments (the critic's, the actor's): "
+               "offloading both between their updates (param_offload and optimizer_offload under "
+               "actor_rollout_ref.actor.fsdp_config and critic.fsdp) leaves each update alone" if critic else "")
         raise ModelDoesNotFit(
             f"a {shape.params / 1e9:.1f}B-parameter model needs about {static / GIB:.0f} GiB per GPU for its training "
-            f"state{with_critic} on {gpus} GPU(s) of {gpu_total / GIB:.0f} GiB, leaving no room for one "
-            f"{longest_sequence}-token "
-            "sequence: raise trainer.n_gpus_per_node (or nnodes), train LoRA adapters (model.lora_rank=64), or offload "
-            "with actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+            f"state on {gpus} GPU(s) of {gpu_total / GIB:.0f} GiB, leaving no room for one {longest_sequence}-token "
+            "sequence: raise trainer.n_gpus_per_node (or nnodes) or train LoRA adapters (model.lora_rank=64) (verl's "
+            f"optimizer_offload frees the GPU between updates, not during one){gae}")
     no_ckpt = budget // shape.activation_bytes_per_token(False)
     checkpointing = no_ckpt < need
     fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
