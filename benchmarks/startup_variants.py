@@ -127,11 +127,13 @@ def keep_fresh_caches(run_dir: Path, env: Mapping[str, str] = os.environ) -> lis
     return kept
 
 
-def compile_cache(env: dict[str, str]) -> str:
-    """`warm` where vLLM's torch.compile cache already holds something, else `cold`."""
-    root = Path(env.get("VLLM_CACHE_ROOT") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm")
-    cache = root / "torch_compile_cache"
-    return "warm" if cache.is_dir() and any(cache.iterdir()) else "cold"
+def compile_cache(env: Mapping[str, str]) -> str:
+    """`warm` where vLLM's torch.compile cache or Triton's cache already holds something, else `cold`. With vLLM's
+    compile off (the tuning, one GPU a replica), Triton's is the one a launch fills: vLLM's model runner compiles its
+    Triton kernels in its warm-up (~20 s on an empty cache, H200)."""
+    dirs = machine_cache_dirs(env)
+    caches = (dirs["VLLM_CACHE_ROOT"] / "torch_compile_cache", dirs["TRITON_CACHE_DIR"])
+    return "warm" if any(c.is_dir() and any(c.iterdir()) for c in caches) else "cold"
 
 
 # what vLLM's server says of its own start (vLLM 0.24's log lines): seconds of each part, as vLLM measured them

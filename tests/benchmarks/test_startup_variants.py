@@ -63,9 +63,13 @@ def test_fresh_caches_are_the_launchs_own_and_the_cache_state_is_read(tmp_path):
     assert not any(c.exists() for c in caches)  # empty: the launch compiles everything
     assert env["PYTHONPATH"].startswith(str(gpu_step.ROOT))
     assert startup_variants.compile_cache(env) == "cold"
-    own = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    own = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    assert startup_variants.compile_cache(own) == "cold"
     (tmp_path / "vllm" / "torch_compile_cache" / "abc").mkdir(parents=True)
     assert startup_variants.compile_cache(own) == "warm"
+    # vLLM uncompiled (the tuning): Triton's kernels are what a launch leaves
+    (tmp_path / "triton" / "k1").mkdir(parents=True)
+    assert startup_variants.compile_cache({**own, "VLLM_CACHE_ROOT": str(tmp_path / "empty")}) == "warm"
     shared = gpu_step.launch_env(gpu_step.parse_args([]), tmp_path / "run")  # the machine's caches
     assert shared.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
 
