@@ -155,8 +155,9 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
 
 @dataclass(frozen=True)
 class Offload:
-    """verl's CPU offload of the actor between its phases (`actor.fsdp_config.*_offload`): what is not on the GPU
-    while vLLM generates. verl loads both back for the update, so the training budget is the same either way."""
+    """verl's CPU offload of one model between its updates (the actor's `actor.fsdp_config.*_offload`, the critic's
+    `critic.fsdp.*_offload`): what is not on the GPU outside them. verl loads both back for the model's own update,
+    so that update's budget is the same either way."""
     params: bool = False
     optimizer: bool = False
 
