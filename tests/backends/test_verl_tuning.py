@@ -54,6 +54,11 @@ def test_4b_on_one_80_gb_gpu_gives_vllm_its_weights_and_a_kv_cache():
     assert offloaded["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.6
 
 
+def _rollout_state_gib(reasons):
+    line = next(r for r in reasons if r.startswith("actor_rollout_ref.rollout.gpu_memory_utilization"))
+    return int(line.rsplit("beside the ", 1)[1].split(" GiB")[0])
+
+
 def _training_state_gib(reasons):
     line = next(r for r in reasons if r.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
     return int(line.rsplit("after ", 1)[1].split(" GiB")[0])
@@ -68,14 +73,14 @@ def test_a_critic_keeps_its_weights_and_moments_beside_the_actor():
     alone, with_critic = tuned(critic=False), tuned()
     twelve = 12 * QWEN3_4B.params / GIB
     assert _training_state_gib(with_critic.reasons) - _training_state_gib(alone.reasons) == pytest.approx(twelve, abs=1)
-    assert _static_gib(with_critic.reasons) - _static_gib(alone.reasons) == pytest.approx(twelve, abs=1)  # rollout
+    assert _rollout_state_gib(with_critic.reasons) - _rollout_state_gib(alone.reasons) == pytest.approx(twelve, abs=1)  # rollout
     share = with_critic.values["actor_rollout_ref.rollout.gpu_memory_utilization"]
     assert share < alone.values["actor_rollout_ref.rollout.gpu_memory_utilization"]
     assert share * H200 + 24 * QWEN3_4B.params + 3 * GIB <= 0.9 * H200
     # the critic's state offloaded between its updates (critic.fsdp.*_offload): gone from the rollout, but the
     # critic's own update still runs beside the actor's weights and moments
     offloaded = tuned(critic_offload=Offload(params=True, optimizer=True))
-    assert _static_gib(offloaded.reasons) == _static_gib(alone.reasons)
+    assert _rollout_state_gib(offloaded.reasons) == _rollout_state_gib(alone.reasons)
     assert _training_state_gib(offloaded.reasons) == _training_state_gib(with_critic.reasons)
     both = tuned(critic_offload=Offload(params=True, optimizer=True), offload=Offload(params=True, optimizer=True))
     assert _training_state_gib(both.reasons) == _training_state_gib(alone.reasons)  # each update alone
@@ -264,16 +269,11 @@ QWEN3_8B = ModelShape(params=8_190_735_360, layers=36, hidden=4096, heads_dim=40
                       intermediate=12288, vocab=151936)
 
 
-def _static_gib(reasons):
-    line = next(r for r in reasons if r.startswith("actor_rollout_ref.rollout.gpu_memory_utilization"))
-    return int(line.rsplit("beside the ", 1)[1].split(" GiB")[0])
-
-
 def test_two_gpus_halve_the_sharded_training_state_per_gpu():
     one = plan(QWEN3_4B, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=False)
     two = plan(QWEN3_4B, gpus=2, gpu_total=H200, longest_sequence=2048, lora=False, critic=False)
     # the 12 B/param of fp32 weights and Adam moments kept through the rollout are sharded; the CUDA context is not
-    assert _static_gib(one.reasons) - _static_gib(two.reasons) == pytest.approx(6 * QWEN3_4B.params / GIB, abs=1)
+    assert _rollout_state_gib(one.reasons) - _rollout_state_gib(two.reasons) == pytest.approx(6 * QWEN3_4B.params / GIB, abs=1)
     # so vLLM gets its full share back beside the trainer on each GPU (0.55 on one)
     assert one.values["actor_rollout_ref.rollout.gpu_memory_utilization"] < 0.6
     assert two.values["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.6
