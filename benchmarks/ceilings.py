@@ -18,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+RUNS = 5  # timed runs of each vLLM ceiling, after a warm-up run
+
 
 def ceiling_vllm(spec: dict) -> dict:
     """vLLM alone on the step's requests: the same count, grouped n to a prompt, each generating exactly
@@ -41,17 +43,19 @@ def ceiling_vllm(spec: dict) -> dict:
         params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
                                  detokenize=detokenize) for n in gen_lens]
         # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
-        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01). The ceiling
-        # is the best of three: vLLM's run-to-run spread on the same requests was 1.44-1.93 s.
+        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01).
         llm.generate(requests, params, use_tqdm=False)
         times = []
-        for _ in range(3):
+        for _ in range(RUNS):
             t0 = time.perf_counter()
             outs = llm.generate(requests, params, use_tqdm=False)
             times.append(time.perf_counter() - t0)
-        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), min(times)
+        # The median, as the step's phases (medians of the steady steps) and the train ceiling are: identical runs
+        # spread by up to a third (1.35-1.80 s, H100, 796e663c020c), and the best of them beside a median step
+        # would set a lucky run against a typical one. The best is reported beside it.
+        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), statistics.median(times)
         return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
-                "tokens_per_s": tokens / seconds}
+                "tokens_per_s": tokens / seconds, "best_seconds": min(times), "best_tokens_per_s": tokens / min(times)}
 
     # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
     # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
@@ -143,6 +147,8 @@ def ratios(phases: dict, step_s: float, vllm: dict, train: dict) -> dict:
     serial = sum(parts) if all(p is not None for p in parts) else None
     out = {
         "generate_vs_vllm": ratio(phases["generate"].get("tokens_per_s"), vllm.get("tokens_per_s")),
+        # against vLLM's best run instead of its median (records from before the median have only this one)
+        "generate_vs_vllm_best": ratio(phases["generate"].get("tokens_per_s"), vllm.get("best_tokens_per_s")),
         "old_log_prob_vs_forward": ratio(phases["old_log_prob"].get("tokens_per_s"),
                                          train.get("forward", {}).get("tokens_per_s"))
         if phases["old_log_prob"].get("mode") == "recompute" else None,

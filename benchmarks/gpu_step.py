@@ -16,7 +16,8 @@ GPU, on the same model and the same token counts:
   request generating as many tokens as one trajectory of the step did (ignore_eos: the longest sets the
   critical path, as in the rollout), at the rollout's gpu_memory_utilization, returning each sampled token's
   log-prob and no text, as the rollout does (`without_logprobs`: the same without log-probs;
-  `with_detokenize`: with vLLM's default incremental detokenization);
+  `with_detokenize`: with vLLM's default incremental detokenization); each the median of five runs, the best
+  beside it (`best_seconds`);
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
@@ -359,10 +360,14 @@ def main(argv: list[str] | None = None) -> None:
         # measured steps overlapped
         "launched_unix": round(launched, 1), "step_end_unix": step_ends(run_dir / "bench_stdout.log", launched),
         "phases": {
-            # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's
+            # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's.
+            # trajectory_starts_s: how long after the first trajectory the last began (a ceiling that submits every
+            # request at once pays none of it); trajectories_span_s: the first start to the last return
             "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
                          "tokens_per_s": gen_tokens / numbers["generate"] if gen_tokens else None,
-                         "slowest_trajectory_s": numbers["slowest_trajectory"]},
+                         "slowest_trajectory_s": numbers["slowest_trajectory"],
+                         "trajectory_starts_s": numbers["trajectory_starts"],
+                         "trajectories_span_s": numbers["trajectories_span"]},
             # algorithm.old_log_probs (rl_factory/backends/verl/old_log_probs.py): in `update` and `rollout` mode verl
             # runs no forward here, only copies vLLM's log-probs: its time is not a forward's, and has no ceiling
             "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],

@@ -7,6 +7,12 @@ import statistics
 from pathlib import Path
 
 
+# the rollout phase's agent loops (rl_factory/backends/verl/run_dir.py, trajectory_timing): the slowest one, how long
+# after the first the last began, and from the first start to the last return
+TRAJECTORIES = {"slowest_trajectory": "timing/slowest_trajectory_s", "trajectory_starts": "timing/trajectory_starts_s",
+                "trajectories_span": "timing/trajectories_span_s"}
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -21,12 +27,12 @@ def step_numbers(lines: list[dict], until: int) -> dict:
     steady = measured(lines, until)
     phases = {"generate": "timing/rollout_s", "old_log_prob": "timing/old_log_prob_s", "update": "timing/update_s",
               "update_weights": "timing/update_weights_s", "reward": "timing/reward_s", "step": "timing/step_s",
-              "slowest_trajectory": "timing/slowest_trajectory_s"}
+              **TRAJECTORIES}
     out = {name: _median([m[key] for m in steady if key in m]) for name, key in phases.items()}
     out["total_tokens"] = _median([m["perf/total_num_tokens"] for m in steady if "perf/total_num_tokens" in m])
     # each measured step's numbers, for a record over two launches (benchmarks/launches.py)
     out["per_step"] = {name: [m[key] for m in steady if key in m] for name, key in
-                       {**phases, "total_tokens": "perf/total_num_tokens"}.items() if name != "slowest_trajectory"}
+                       {**phases, "total_tokens": "perf/total_num_tokens"}.items() if name not in TRAJECTORIES}
     out["all_step_s"] = [round(m.get("timing/step_s", float("nan")), 3) for m in lines]
     # verl's V1 trainer logs the actor's peak memory as actor/perf/*, the legacy trainer as perf/*
     for name in ("max_memory_allocated_gb", "max_memory_reserved_gb"):

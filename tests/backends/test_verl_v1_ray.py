@@ -217,6 +217,9 @@ def assert_run_dir_contract(cfg, right):
     # each trajectory's time in its agent loop; the step's slowest beside verl's rollout phase
     assert all(r["timing"]["wall_s"] >= r["timing"]["generate_s"] + r["timing"]["tools_s"] > 0 for r in rollouts)
     assert line["timing/slowest_trajectory_s"] == max(r["timing"]["wall_s"] for r in rollouts)
+    starts = [r["timing"]["started_unix"] for r in rollouts]
+    assert line["timing/trajectory_starts_s"] == pytest.approx(max(starts) - min(starts))
+    assert line["timing/slowest_trajectory_s"] <= line["timing/trajectories_span_s"] + 1e-3
     assert not (run / "rollouts" / ".parts" / "train_step_000001").exists()  # gathered once
     # a validation step: val/* from the val parts, and the run report (as the embedded trainer writes them)
     from rl_factory.backends.verl.run_dir import write_part

@@ -28,6 +28,10 @@ TRAIN = {"forward_backward": {"seconds": 0.69, "tokens_per_s": TOKENS / 0.69},
 def test_each_phase_is_set_beside_its_ceiling_and_the_step_beside_the_serial_limit():
     out = ratios(phases(0.26), 3.611, VLLM, TRAIN)
     assert out["generate_vs_vllm"] == pytest.approx(1.92 / 2.127)
+    assert out["generate_vs_vllm_best"] is None  # a ceiling recorded before its best run was kept
+    best = ratios(phases(0.26), 3.611, {**VLLM, "best_tokens_per_s": GENERATED / 1.5}, TRAIN)
+    assert best["generate_vs_vllm_best"] == pytest.approx(1.5 / 2.127)  # the target stays on the median
+    assert best["targets_met"]["generate_vs_vllm"]
     assert out["update_vs_forward_backward"] == pytest.approx(0.69 / 1.084)
     assert out["old_log_prob_vs_forward"] is None  # `update` mode runs no forward: no ceiling
     assert out["serial_limit_s"] == pytest.approx(1.53 + 0.69)

@@ -189,7 +189,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         validate = kwargs.get(SPLIT_KEY) == "val"
         group = state.arena if state.arena is not None and not validate else None
         uid, session = kwargs.get("uid"), kwargs.get("session_id", 0)
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         try:
             traj, timing = await self._rollout(state, sample, kwargs, sampling_params)
         except BaseException:
@@ -205,9 +205,10 @@ class RLFactoryAgentLoop(AgentLoopBase):
             score = 0.0 if failed else played
             if failed:
                 traj.reward_info[GROUP_KEY] = float(session)  # never a group of equal keys because of it
-        # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it)
+        # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it), and when
+        # it began: the step's trajectories began together only if verl's dispatch and router let them
         spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
-                 "tools_s": round(timing["timing/tools_s"], 4)}
+                 "tools_s": round(timing["timing/tools_s"], 4), "started_unix": round(started, 4)}
         # the run guard's (rl_factory/guard), checked where verl logs the step; `session_key` is the prefix of this
         # session's keys in verl's batch ({uid}_{session}_{output}), where the guard reads what the actor trains
         evidence = {**trajectory_evidence(traj), "session_key": f"{uid}_{session}"}

@@ -21,7 +21,8 @@ RECORD_KEY = "rl_factory_trajectory"
 def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: int = 0,
               timing: dict[str, float] | None = None, guard: dict[str, Any] | None = None) -> str:
     """The trajectory as JSON, with where it belongs in the run (global step, split, session) and, from
-    the agent loop, its `timing` (wall_s from the agent loop's start to its return, generate_s, tools_s)
+    the agent loop, its `timing` (wall_s from the agent loop's start to its return, generate_s, tools_s,
+    started_unix)
     and the run guard's evidence (`guard`: rl_factory/guard/evidence.py)."""
     turns = [{
         "generated_ids": t.generated_ids, "text": t.text,

@@ -174,11 +174,22 @@ def tool_counts(lines: list[dict[str, Any]], tool_names: set[str] | None = None)
 
 def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
     """The slowest and the mean trajectory's wall time in its agent loop (start to return): beside
-    `timing/rollout_s`, what the rollout phase spends beyond its slowest trajectory."""
-    walls = [r["timing"]["wall_s"] for r in lines if isinstance(r.get("timing"), dict) and "wall_s" in r["timing"]]
-    if not walls:
+    `timing/rollout_s`, what the rollout phase spends beyond its slowest trajectory.
+
+    Where every line says when its trajectory began (`started_unix`, one node's clock): how long after the first
+    trajectory the last one began (`timing/trajectory_starts_s`: verl's dispatch to the workers and its router's
+    answers, paid before a request reaches vLLM) and from the first start to the last return
+    (`timing/trajectories_span_s`: the part of the rollout phase spent in agent loops)."""
+    timings = [r["timing"] for r in lines if isinstance(r.get("timing"), dict) and "wall_s" in r["timing"]]
+    if not timings:
         return {}
-    return {"timing/slowest_trajectory_s": max(walls), "timing/trajectory_mean_s": sum(walls) / len(walls)}
+    walls = [t["wall_s"] for t in timings]
+    out = {"timing/slowest_trajectory_s": max(walls), "timing/trajectory_mean_s": sum(walls) / len(walls)}
+    if all("started_unix" in t for t in timings):
+        starts = [t["started_unix"] for t in timings]
+        out["timing/trajectory_starts_s"] = max(starts) - min(starts)
+        out["timing/trajectories_span_s"] = max(s + w for s, w in zip(starts, walls)) - min(starts)
+    return out
 
 
 def our_metrics(data: dict[str, Any]) -> dict[str, Any]:
