@@ -2,8 +2,9 @@
 
     python benchmarks/ceilings.py vllm|train --spec JSON --result PATH     # (gpu_step.py runs these itself)
 
-`vllm`: vLLM alone (offline `LLM.generate`) on the step's requests; `train`: plain PyTorch forward(+backward) over
-the step's sequences, packed by the actor's token budget (gpu_step.py's docstring says what each matches).
+`vllm`: vLLM alone (offline `LLM.generate`) on the step's requests; `vllm_configured`: the same with the engine
+arguments the rollout's server ran with; `train`: plain PyTorch forward(+backward) over the step's sequences, packed
+by the actor's token budget (gpu_step.py's docstring says what each matches).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def ceiling_vllm(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     gen_lens = spec["gen_lens"]
-    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], seed=0,
-              max_model_len=spec["prompt_len"] + max(gen_lens) + 16, enable_prefix_caching=True)
+    engine = {"gpu_memory_utilization": spec["gpu_memory_utilization"], "seed": 0,
+              "max_model_len": spec["prompt_len"] + max(gen_lens) + 16, "enable_prefix_caching": True,
+              **spec.get("engine_args", {})}
+    llm = LLM(model=spec["model"], **engine)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
                for _ in range(-(-len(gen_lens) // spec["n"]))]
@@ -61,8 +64,35 @@ def ceiling_vllm(spec: dict) -> dict:
     # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
     # beside it what the log-probs cost and what vLLM's default detokenization would add.
     same = run(logprobs=0)
+    if spec.get("engine_args"):  # vLLM as the rollout configures it: the same requests, only the rollout's own work
+        return {**same, "engine_args": spec["engine_args"], "requests": len(requests)}
     return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
             "requests": len(requests), "max_gen_len": max(gen_lens)}
+
+
+# verl's server engine arguments (vllm_async_server.py, launch_server) that a rollout config sets, by its key under
+# actor_rollout_ref.rollout; load_format stays vLLM's (verl's `dummy` waits for a weight sync that never comes here)
+SERVER_ARGS = ("dtype", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching",
+               "enable_sleep_mode", "logprobs_mode", "enforce_eager", "scheduling_policy")
+
+
+def configured_engine_args(rollout: dict) -> dict:
+    """vLLM's engine arguments as verl's server builds them from a composed config's `actor_rollout_ref.rollout`
+    (verl's `RolloutConfig`): its own keys, the compilation config with the capture sizes, then
+    `engine_kwargs.vllm` over them (our tuning's executor, KV cache and stream interval), without verl's worker
+    extension (weight sync, not generation)."""
+    from verl.workers.config import RolloutConfig
+
+    fields = RolloutConfig.__dataclass_fields__  # a key the composed YAML leaves out has verl's dataclass default
+    args = {key: rollout[key] if rollout.get(key) is not None else fields[key].default for key in SERVER_ARGS}
+    kwargs = {k: v for k, v in dict((rollout.get("engine_kwargs") or {}).get("vllm") or {}).items()
+              if k != "worker_extension_cls" and v is not None}
+    compilation = kwargs.pop("compilation_config", None) or {}
+    compilation = json.loads(compilation) if isinstance(compilation, str) else dict(compilation)
+    compilation.setdefault("cudagraph_mode", "FULL_AND_PIECEWISE")  # verl's default
+    if rollout.get("cudagraph_capture_sizes"):
+        compilation["cudagraph_capture_sizes"] = list(rollout["cudagraph_capture_sizes"])
+    return {**args, "compilation_config": compilation, **kwargs}
 
 
 def ceiling_train(spec: dict) -> dict:
@@ -134,11 +164,12 @@ TARGETS = {"step_vs_serial_limit": ("max", 1.6), "generate_vs_vllm": ("min", 0.8
            "update_vs_forward_backward": ("min", 0.7), "weight_sync_s": ("max", 0.15)}
 
 
-def ratios(phases: dict, step_s: float, vllm: dict, train: dict) -> dict:
+def ratios(phases: dict, step_s: float, vllm: dict, train: dict, configured: dict | None = None) -> dict:
     """Each phase against its ceiling, the step against the serial limit (vLLM alone without log-probs, then
     plain forward+backward: the least a step that generates and then trains could take), and which targets hold.
 
-    `phases`: gpu_step.py's (generate / old_log_prob / update with `tokens_per_s`, update_weights with `s`)."""
+    `phases`: gpu_step.py's (generate / old_log_prob / update with `tokens_per_s`, update_weights with `s`);
+    `configured`: vLLM alone with the rollout's engine arguments (`vllm_configured`), where it was measured."""
     def ratio(ours, ceiling):
         return ours / ceiling if ours is not None and ceiling else None
 
@@ -149,6 +180,8 @@ def ratios(phases: dict, step_s: float, vllm: dict, train: dict) -> dict:
         "generate_vs_vllm": ratio(phases["generate"].get("tokens_per_s"), vllm.get("tokens_per_s")),
         # against vLLM's best run instead of its median (records from before the median have only this one)
         "generate_vs_vllm_best": ratio(phases["generate"].get("tokens_per_s"), vllm.get("best_tokens_per_s")),
+        "generate_vs_vllm_configured": ratio(phases["generate"].get("tokens_per_s"),
+                                             (configured or {}).get("tokens_per_s")),
         "old_log_prob_vs_forward": ratio(phases["old_log_prob"].get("tokens_per_s"),
                                          train.get("forward", {}).get("tokens_per_s"))
         if phases["old_log_prob"].get("mode") == "recompute" else None,
@@ -162,7 +195,7 @@ def ratios(phases: dict, step_s: float, vllm: dict, train: dict) -> dict:
     return out
 
 
-CEILINGS = {"vllm": ceiling_vllm, "train": ceiling_train}
+CEILINGS = {"vllm": ceiling_vllm, "vllm_configured": ceiling_vllm, "train": ceiling_train}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -18,6 +18,8 @@ GPU, on the same model and the same token counts:
   log-prob and no text, as the rollout does (`without_logprobs`: the same without log-probs;
   `with_detokenize`: with vLLM's default incremental detokenization); each the median of five runs, the best
   beside it (`best_seconds`);
+- `vllm_configured`: the same requests on vLLM with the engine arguments the rollout's server had (verl's rollout
+  config and our tuning's `engine_kwargs`, benchmarks/ceilings.py), with log-probs;
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
@@ -52,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
-from benchmarks.ceilings import measure_ceiling, ratios  # noqa: E402
+from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios  # noqa: E402
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
@@ -394,10 +396,15 @@ def main(argv: list[str] | None = None) -> None:
         result["baseline_step_s"] = BASELINE_STEP_S[args.shape]
         result["speedup_vs_baseline"] = BASELINE_STEP_S[args.shape] / numbers["step"]
     if not args.no_ceilings and lengths["total"]:
-        vllm = measure_ceiling("vllm", {
+        requests = {
             "model": str(model), "gpu_memory_utilization": result["tuned"]["actor_rollout_ref.rollout.gpu_memory_utilization"],
             "n": args.n, "prompt_len": round(statistics.fmean(lengths["prompt"])),
-            "gen_lens": [max(1, n) for n in lengths["generated"][: round(trajectories)]], "vocab": _vocab(model)}, out)
+            "gen_lens": [max(1, n) for n in lengths["generated"][: round(trajectories)]], "vocab": _vocab(model)}
+        vllm = measure_ceiling("vllm", requests, out)
+        # the same requests on vLLM as the rollout's server was configured: between it and vLLM's defaults, what the
+        # configuration costs; between it and the rollout, what the server's path (Ray, verl, the agent loop) costs
+        configured = measure_ceiling("vllm_configured", {
+            **requests, "engine_args": configured_engine_args(cfg["actor_rollout_ref"]["rollout"])}, out)
         steps_measured = max(1, len(steps))
         one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
         tuned = result["tuned"]
@@ -405,8 +412,8 @@ def main(argv: list[str] | None = None) -> None:
                                           "token_budget": tuned["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] or 16384,
                                           "checkpointing": bool(tuned["actor_rollout_ref.model.enable_gradient_checkpointing"])},
                                 out)
-        result["ceilings"] = {"vllm_generate": vllm, **train}
-        result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train)
+        result["ceilings"] = {"vllm_generate": vllm, "vllm_configured": configured, **train}
+        result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train, configured)
     if args.earlier:  # the headline numbers over this launch and the last one of the same job (launches.py)
         from benchmarks.launches import earlier_launch, join
         from benchmarks.record import machine

@@ -64,7 +64,8 @@ def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
               "earlier_invocation": {key: earlier.get(key) for key in ("date", "commit", "command", "step_s")}}
     ceilings = result.get("ceilings") or {}
     if "vllm_generate" in ceilings:
-        joined["ratio_to_ceiling"] = ratios(joined["phases"], medians["step"], ceilings["vllm_generate"], ceilings)
+        joined["ratio_to_ceiling"] = ratios(joined["phases"], medians["step"], ceilings["vllm_generate"], ceilings,
+                                            ceilings.get("vllm_configured"))
     return joined
 
 

@@ -194,6 +194,29 @@ def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_16k_token_micro
     assert _values(TINY, **job)[awake] is False
 
 
+def test_vllm_kept_awake_on_the_command_line_leaves_the_trainer_what_it_holds_awake():
+    # the budget planned as if vLLM slept ran the 0.6B shape's first update out of memory on an H100, vLLM holding
+    # 43.9 GiB awake (its weights, 42 GiB of KV cache, its runtime)
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    ckpt = "actor_rollout_ref.model.enable_gradient_checkpointing"
+    job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
+    asleep = _values(QWEN3_06B, **job, gpu_total=H100)
+    awake = _values(QWEN3_06B, **job, gpu_total=H100, free_cache_engine=False)
+    held = 2 * QWEN3_06B.params + awake["actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"] \
+        + VLLM_RUNTIME_BYTES
+    # what is left beside vLLM holds fewer than 16k tokens without checkpointing: the trainer checkpoints
+    assert asleep[ckpt] is False and awake[ckpt] is True
+    # the awake micro-batch's activations and vLLM fit in what the asleep one had (its budget: under 20k+1 tokens)
+    per_token = QWEN3_06B.activation_bytes_per_token
+    assert asleep[budget] < 32768  # not capped: its tokens say its budget
+    assert awake[budget] * per_token(True) + held < (asleep[budget] + 1) * per_token(False)
+    # on an H200 the plan keeps vLLM awake itself; given or not, the same budget
+    assert _values(QWEN3_06B, **job, free_cache_engine=False)[budget] == _values(QWEN3_06B, **job)[budget]
+    # where nothing fits beside it (the 4B on an 80-GB GPU), one line names the key
+    with pytest.raises(ModelDoesNotFit, match=r"free_cache_engine=false keeps vLLM's \d+ GiB .* not one 1536-token"):
+        _values(QWEN3_4B, **job, gpu_total=H100, free_cache_engine=False)
+
+
 def test_missing_rollout_engine_is_one_line_naming_the_install():
     from omegaconf import OmegaConf
 

@@ -115,3 +115,41 @@ def test_a_launch_recorded_without_its_earlier_one_is_joined_afterwards(tmp_path
     alone = subprocess.run([sys.executable, "-m", "benchmarks.launches", str(results)], cwd=root, capture_output=True,
                            text=True, timeout=120)
     assert alone.returncode != 0 and "no earlier launch" in alone.stderr
+
+
+# ---- vLLM alone as the rollout's server was configured (ceilings.py, configured_engine_args) --------------------
+
+@pytest.mark.slow  # composes verl's config
+def test_the_configured_ceiling_gets_the_engine_arguments_verls_server_would(tmp_path, tiny_model_dir):
+    pytest.importorskip("verl", reason="verl is an extra")
+    import importlib.util
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from benchmarks.ceilings import SERVER_ARGS, configured_engine_args
+    from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.launcher import absolute
+    from rl_factory.config import load_config, parse, split_overrides
+
+    ours, raw = split_overrides(["trainer.backend=verl", "trainer.n_gpus_per_node=1",
+                                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=7"])
+    cfg = compose_verl(absolute(parse(load_config("grpo", ours))), raw,
+                       {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(tiny_model_dir))
+    rollout = OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True)
+    args = configured_engine_args(rollout)
+    # verl's server module imports vLLM, which a CPU install lacks: its source is read instead
+    verl_dir = Path(importlib.util.find_spec("verl").origin).parent
+    server = (verl_dir / "workers" / "rollout" / "vllm_rollout" / "vllm_async_server.py").read_text()
+    for key in SERVER_ARGS:  # each is an engine argument verl's server takes from the rollout config of that name
+        assert f'"{key}": self.config.{key}' in server, key
+    assert "enable_sleep_mode" not in rollout and args["enable_sleep_mode"] is True  # verl's dataclass default
+    assert args["max_num_batched_tokens"] == rollout["max_num_batched_tokens"]
+    assert args["logprobs_mode"] == rollout["logprobs_mode"]
+    # the compilation config as verl merges it: our tuning's (a JSON string), verl's default mode where it has none,
+    # the tuned capture sizes
+    assert args["compilation_config"]["cudagraph_capture_sizes"] == rollout["cudagraph_capture_sizes"]
+    assert args["compilation_config"]["cudagraph_mode"]
+    assert args["stream_interval"] == 7  # the command line's engine_kwargs over the server's own arguments
+    assert "worker_extension_cls" not in args and "load_format" not in args
+    json.dumps(args)  # travels to the ceiling's process as JSON

@@ -153,6 +153,25 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
     return awake if awake // shape.activation_bytes_per_token(False) >= need else None
 
 
+def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: float, kv_cache: int | None,
+                      longest_sequence: int, need: int) -> tuple[int, bool, str]:
+    """The trainer's activation budget, whether it checkpoints, and why, where the command line keeps vLLM awake
+    (`rollout.free_cache_engine=false`): beside vLLM's weights, KV cache and runtime, or its whole share where vLLM
+    sizes its cache from it. A budget planned as if vLLM slept ran the 0.6B shape's first update out of memory on
+    an 80-GB GPU (H100, ff5d6b6e84f3: vLLM held 43.9 GiB awake)."""
+    held = 2 * shape.params + kv_cache + VLLM_RUNTIME_BYTES if kv_cache is not None else int(share_bytes)
+    awake = budget - held
+    if awake // shape.activation_bytes_per_token(True) < longest_sequence:
+        raise ModelDoesNotFit(
+            f"actor_rollout_ref.rollout.free_cache_engine=false keeps vLLM's {held / GIB:.0f} GiB on the GPU through "
+            f"the update, leaving the trainer {max(0, awake) / GIB:.1f} GiB beside its {static / GIB:.0f} GiB of "
+            f"training state: not one {longest_sequence}-token sequence fits. Let vLLM sleep between rollouts (drop "
+            "free_cache_engine=false) or lower actor_rollout_ref.rollout.gpu_memory_utilization")
+    checkpointing = awake // shape.activation_bytes_per_token(False) < need
+    return awake, checkpointing, (f"{awake / GIB:.0f} GiB left for activations beside vLLM kept awake "
+                                  f"({held / GIB:.0f} GiB) and {static / GIB:.0f} GiB of training state")
+
+
 @dataclass(frozen=True)
 class Offload:
     """verl's CPU offload of one model between its updates (the actor's `actor.fsdp_config.*_offload`, the critic's
@@ -318,7 +337,11 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                     f"{kv_need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, "
                     f"twice over, instead of the ~{kv_room / GIB:.0f} GiB left in vLLM's share, whose every block "
                     "verl's prefix-cache reset walks at each weight sync")
-    awake = awake_budget(shape, budget, checkpointing, need, kv_cache) if free_cache_engine is not True else None
+    if free_cache_engine is False:  # kept awake on the command line: the trainer plans beside vLLM, whatever it costs
+        budget, checkpointing, fits = beside_awake_vllm(shape, budget, static, share * gpu_total, kv_cache,
+                                                        longest_sequence, need)
+        no_ckpt = budget // shape.activation_bytes_per_token(False)
+    awake = awake_budget(shape, budget, checkpointing, need, kv_cache) if free_cache_engine is None else None
     if awake is not None:
         # verl's default (free_cache_engine=true) puts vLLM to sleep after every rollout and wakes it at every weight
         # sync: its weights and KV cache are freed and mapped again, and the actor's CUDA cache is emptied for them
