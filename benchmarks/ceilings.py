@@ -151,7 +151,9 @@ def ceiling_train(spec: dict) -> dict:
 
 
 def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
+    """Runs one ceiling in a fresh process; its spec is kept beside its result (ceiling_variants.py reruns it)."""
     path = out_dir / f"ceiling-{name}.json"
+    (out_dir / f"ceiling-{name}.spec.json").write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
     if proc.returncode != 0 or not path.exists():

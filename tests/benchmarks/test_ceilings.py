@@ -153,3 +153,17 @@ def test_the_configured_ceiling_gets_the_engine_arguments_verls_server_would(tmp
     assert args["stream_interval"] == 7  # the command line's engine_kwargs over the server's own arguments
     assert "worker_extension_cls" not in args and "load_format" not in args
     json.dumps(args)  # travels to the ceiling's process as JSON
+
+
+def test_each_variant_puts_one_configured_argument_back_at_vllms_default():
+    from benchmarks.ceiling_variants import variants
+
+    configured = {"logprobs_mode": "processed_logprobs", "enable_sleep_mode": True, "stream_interval": 512,
+                  "dtype": "bfloat16"}
+    runs = variants(configured)
+    assert runs["configured"] == configured
+    assert set(runs) == {"configured", "without_logprobs_mode", "without_enable_sleep_mode", "without_stream_interval"}
+    assert runs["without_enable_sleep_mode"] == {"logprobs_mode": "processed_logprobs", "stream_interval": 512,
+                                                 "dtype": "bfloat16"}
+    assert set(variants(configured, ["stream_interval", "kv_cache_memory_bytes"])) == {"configured",
+                                                                                       "without_stream_interval"}
