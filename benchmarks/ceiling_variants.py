@@ -48,6 +48,7 @@ def main() -> None:
         result = measure_ceiling(f"variant_{name}", {**spec, "engine_args": engine_args}, args.out)
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"]})
+        print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
     base = runs["configured"].get("seconds")
     emit("ceiling_variants", {
         "bench": "ceiling_variants", "model": spec["model"], "requests": len(spec["gen_lens"]),
