@@ -168,6 +168,8 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
 
     # the thread waited for the router's first answer, which came after its constructor's end in its own process
     assert 0 < prestart._started.router_built_s <= prestart._started.router_ready_s
+    # then for its import of vLLM's server class, which this machine lacks: reported, not timed, the router kept
+    assert prestart._started.router_preload_s is None
     clock = startup.task_runner_clock({})
     try:
         Trainer().llm_server_manager = manager  # as verl's trainer assigns it in _setup

@@ -38,7 +38,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE
 
 from rl_factory.backends.verl import startup
-from rl_factory.backends.verl.timed_router import TimedRouter
+from rl_factory.backends.verl.timed_router import TimedRouter, preload_server_class
 
 log = logging.getLogger("rl_factory.verl")
 
@@ -56,6 +56,7 @@ class _Started:
         self.router: Any = None
         self.router_ready_s: float | None = None  # from asking Ray for the router to its first answer
         self.router_built_s: float | None = None  # from asking to its constructor's end, in its own process
+        self.router_preload_s: float | None = None  # the server class's import in the router (timed_router.py)
 
     def join(self) -> None:
         if self.thread is not None:
@@ -73,6 +74,12 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
         AgentLoopWorker.__init__(self, config, llm_client=None)  # no TransferQueue yet: the TaskRunner starts it
         import rl_factory.backends.verl.agent_loop  # noqa: F401 - our loop's modules, imported before the first batch
 
+        # the server class the router's handles need (timed_router.py), imported here, not at step 1's first request
+        try:
+            preload_server_class(*rollout_server(config))
+        except Exception:  # noqa: BLE001 - the handles' own loading says what is wrong, where it matters
+            log.warning("verl: the rollout's server class did not import ahead of the first request", exc_info=True)
+
         self.background_tasks = set()
 
     def attach(self, llm_client: Any, teacher_client: Any, reward_loop_worker_handles: Any) -> None:
@@ -87,6 +94,12 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
 
 
 PrestartedWorker = ray.remote(_Worker)
+
+
+def rollout_server(config: DictConfig) -> tuple[str, bool]:
+    """The rollout's name in verl's replica registry, and whether it is disaggregated (prefill / decode)."""
+    rollout = config.actor_rollout_ref.rollout
+    return str(rollout.name), bool(OmegaConf.select(rollout, "disaggregation.enabled", default=False))
 
 
 def wanted(config: DictConfig) -> bool:
@@ -124,20 +137,22 @@ def start(config: DictConfig) -> int:
     # put in Ray's object store here, once (verl's run goes on with `config` meanwhile), not pickled for each worker
     shared = ray.put(config)
     determinism = bool(config.actor_rollout_ref.rollout.get("full_determinism", False)) if router else None
-    _started.thread = threading.Thread(target=_create, args=(shared, count, determinism), name="prestart", daemon=True)
+    _started.thread = threading.Thread(target=_create, args=(shared, count, determinism, rollout_server(config)),
+                                       name="prestart", daemon=True)
     _started.thread.start()
     log.info("verl: %d agent-loop workers%s starting beside the trainer's start", count,
              " and the request router" if router else "")
     return count
 
 
-def _create(shared: Any, count: int, determinism: bool | None) -> None:
+def _create(shared: Any, count: int, determinism: bool | None, server: tuple[str, bool]) -> None:
     """The actors `start` asks for, in its thread, off the TaskRunner's path: `count` workers built from the config in
     `shared`, and the router where `determinism` is not None (verl's `full_determinism` for it). A failure leaves
     verl to start its own.
 
     The thread then waits for the router's first answer, so that the start-up record can say how long it took to
-    come up (`beside.request_router`) beside how long the trainer waited for it (the `router_adopt` phase)."""
+    come up (`beside.request_router`) beside how long the trainer waited for it (the `router_adopt` phase), and for
+    the router's import of the rollout's server class (`beside.router_preload`)."""
     try:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
         asked = time.time()
@@ -163,6 +178,16 @@ def _create(shared: Any, count: int, determinism: bool | None) -> None:
         except Exception:  # noqa: BLE001 - verl's server manager keeps the router it creates
             log.exception("verl: the request router started early did not come up; verl's own is used")
             _started.router = None
+            return
+        # the server class the servers' handles need, imported before they are handed over (timed_router.py)
+        try:
+            took = ray.get(_started.router.preload.remote(*server))
+        except Exception as exc:  # noqa: BLE001 - the hand-over will load it itself
+            took = f"{type(exc).__name__}: {exc}"
+        if isinstance(took, str):
+            log.warning("verl: the rollout's server class did not import in the request router: %s", took)
+        else:
+            _started.router_preload_s = round(took, 3)
 
 
 def take() -> list[Any]:
@@ -181,6 +206,7 @@ def adopt_router(manager: Any) -> bool:
         return False
     startup.beside("request_router", _started.router_ready_s)
     startup.beside("request_router_built", _started.router_built_s)
+    startup.beside("router_preload", _started.router_preload_s)
     # each call timed on its own: the hand-over took 4.4-7.0 s on a GPU host, 10 ms in a CPU simulation
     began = time.time()
     ray.get(router.add_servers.remote(dict(zip(manager.server_addresses, manager.server_handles, strict=True))))
