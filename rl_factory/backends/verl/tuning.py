@@ -166,7 +166,9 @@ def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: 
             f"actor_rollout_ref.rollout.free_cache_engine=false keeps vLLM's {held / GIB:.0f} GiB on the GPU through "
             f"the update, leaving the trainer {max(0, awake) / GIB:.1f} GiB beside its {static / GIB:.0f} GiB of "
             f"training state: not one {longest_sequence}-token sequence fits. Let vLLM sleep between rollouts (drop "
-            "free_cache_engine=false) or lower actor_rollout_ref.rollout.gpu_memory_utilization")
+            "free_cache_engine=false) or give vLLM less: " + (
+                "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes (its KV cache)"
+                if kv_cache is not None else "actor_rollout_ref.rollout.gpu_memory_utilization"))
     checkpointing = awake // shape.activation_bytes_per_token(False) < need
     return awake, checkpointing, (f"{awake / GIB:.0f} GiB left for activations beside vLLM kept awake "
                                   f"({held / GIB:.0f} GiB) and {static / GIB:.0f} GiB of training state")
