@@ -213,8 +213,13 @@ def test_vllm_kept_awake_on_the_command_line_leaves_the_trainer_what_it_holds_aw
     # on an H200 the plan keeps vLLM awake itself; given or not, the same budget
     assert _values(QWEN3_06B, **job, free_cache_engine=False)[budget] == _values(QWEN3_06B, **job)[budget]
     # where nothing fits beside it (the 4B on an 80-GB GPU), one line names the key
-    with pytest.raises(ModelDoesNotFit, match=r"free_cache_engine=false keeps vLLM's \d+ GiB .* not one 1536-token"):
+    with pytest.raises(ModelDoesNotFit, match=r"free_cache_engine=false keeps vLLM's \d+ GiB .* not one 1536-token"
+                                              r".*\(drop free_cache_engine=false\)$"):  # vLLM at its least: no room
         _values(QWEN3_4B, **job, gpu_total=H100, free_cache_engine=False)
+    # 32k-token trajectories: vLLM sizes its KV cache from its share, and a smaller share would leave room
+    with pytest.raises(ModelDoesNotFit, match=r"or give vLLM less: actor_rollout_ref.rollout.gpu_memory_utilization"):
+        _values(QWEN3_06B, concurrency=256, vllm_request_tokens=512, longest_sequence=32768, gpu_total=H100,
+                free_cache_engine=False)
 
 
 def test_missing_rollout_engine_is_one_line_naming_the_install():

@@ -161,14 +161,18 @@ def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: 
     an 80-GB GPU (H100, ff5d6b6e84f3: vLLM held 43.9 GiB awake)."""
     held = 2 * shape.params + kv_cache + VLLM_RUNTIME_BYTES if kv_cache is not None else int(share_bytes)
     awake = budget - held
-    if awake // shape.activation_bytes_per_token(True) < longest_sequence:
+    fits = lambda left: left // shape.activation_bytes_per_token(True) >= longest_sequence  # noqa: E731
+    if not fits(awake):
+        # giving vLLM less helps only where vLLM at its least (weights, runtime, 1 GiB of KV cache) leaves room
+        less = (" or give vLLM less: " + ("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes (its KV "
+                                           "cache)" if kv_cache is not None else
+                                           "actor_rollout_ref.rollout.gpu_memory_utilization")
+                if fits(budget - 2 * shape.params - VLLM_RUNTIME_BYTES - MIN_KV_BYTES) else "")
         raise ModelDoesNotFit(
             f"actor_rollout_ref.rollout.free_cache_engine=false keeps vLLM's {held / GIB:.0f} GiB on the GPU through "
             f"the update, leaving the trainer {max(0, awake) / GIB:.1f} GiB beside its {static / GIB:.0f} GiB of "
             f"training state: not one {longest_sequence}-token sequence fits. Let vLLM sleep between rollouts (drop "
-            "free_cache_engine=false) or give vLLM less: " + (
-                "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes (its KV cache)"
-                if kv_cache is not None else "actor_rollout_ref.rollout.gpu_memory_utilization"))
+            f"free_cache_engine=false){less}")
     checkpointing = awake // shape.activation_bytes_per_token(False) < need
     return awake, checkpointing, (f"{awake / GIB:.0f} GiB left for activations beside vLLM kept awake "
                                   f"({held / GIB:.0f} GiB) and {static / GIB:.0f} GiB of training state")
