@@ -45,7 +45,8 @@ def main() -> None:
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
     for name, engine_args in variants(spec["engine_args"], args.only).items():
-        result = measure_ceiling(f"variant_{name}", {**spec, "engine_args": engine_args}, args.out)
+        (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
+        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args}, args.out / name)
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"]})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends

@@ -5,6 +5,7 @@ forward+backward 0.69 s), on 40,463 tokens a step."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -167,3 +168,24 @@ def test_each_variant_puts_one_configured_argument_back_at_vllms_default():
                                                  "dtype": "bfloat16"}
     assert set(variants(configured, ["stream_interval", "kv_cache_memory_bytes"])) == {"configured",
                                                                                        "without_stream_interval"}
+
+
+def test_each_variant_runs_the_configured_ceiling_with_its_own_arguments(tmp_path):
+    """The script end to end on a CPU machine: each variant reaches vLLM in a ceiling process of its own (which
+    this machine lacks: the error is vLLM's import), with its spec kept in a directory of its own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
+            "engine_args": {"logprobs_mode": "processed_logprobs", "enable_sleep_mode": True}}
+    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only", "logprobs_mode"],
+                          cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCH_RESULTS_DIR": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(line["runs"]) == {"configured", "without_logprobs_mode"}
+    assert all("No module named 'vllm'" in run["error"] for run in line["runs"].values()), line["runs"]
+    kept = json.loads((tmp_path / "without_logprobs_mode" / "ceiling-vllm_configured.spec.json").read_text())
+    assert kept["engine_args"] == {"enable_sleep_mode": True} and kept["gen_lens"] == [3, 5]
