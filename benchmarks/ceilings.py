@@ -1,6 +1,6 @@
 """The ceilings gpu_step.py sets a verl step's phases beside, each measured in a fresh process on the same GPU.
 
-    python benchmarks/ceilings.py vllm|train --spec JSON --result PATH     # (gpu_step.py runs these itself)
+    python benchmarks/ceilings.py vllm|vllm_configured|train --spec JSON --result PATH   # (gpu_step.py runs these)
 
 `vllm`: vLLM alone (offline `LLM.generate`) on the step's requests; `vllm_configured`: the same with the engine
 arguments the rollout's server ran with; `train`: plain PyTorch forward(+backward) over the step's sequences, packed
