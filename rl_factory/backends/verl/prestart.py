@@ -74,11 +74,11 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
         AgentLoopWorker.__init__(self, config, llm_client=None)  # no TransferQueue yet: the TaskRunner starts it
         import rl_factory.backends.verl.agent_loop  # noqa: F401 - our loop's modules, imported before the first batch
 
-        # the server class the router's handles need (timed_router.py), imported here, not at step 1's first request
+        # the server class the servers' handles need (timed_router.py), imported here, before any handle comes
         try:
             preload_server_class(*rollout_server(config))
         except Exception:  # noqa: BLE001 - the handles' own loading says what is wrong, where it matters
-            log.warning("verl: the rollout's server class did not import ahead of the first request", exc_info=True)
+            log.warning("verl: the rollout's server class did not import ahead of the servers' handles", exc_info=True)
 
         self.background_tasks = set()
 

@@ -8,8 +8,8 @@ own process, and prestart.py's module would bring verl's agent loop and Transfer
 Why the import: a process given a Ray actor handle loads the actor's class to make it (Ray's function manager,
 `load_actor_class`: the class pickled by reference, so its module is imported). verl's server class lives in the
 module of its vLLM replica, which imports vLLM: the router took 4.4-4.6 s to take its servers on an H100
-(`beside.router_add_servers`, ff5d6b6e84f3), on the launch's path, and each agent-loop worker pays the same at its
-first request, inside step 1's rollout.
+(`beside.router_add_servers`, ff5d6b6e84f3), on the launch's path, and each agent-loop worker pays the same when it
+is first handed a server's handle (its clients at `attach`, the router's answer to its first request).
 """
 from __future__ import annotations
 
