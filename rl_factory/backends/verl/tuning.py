@@ -138,6 +138,12 @@ def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
     return sizes if sizes[-1] == top else [*sizes, top]
 
 
+def vllm_bytes(shape: ModelShape, kv_cache: int, replica_gpus: int = 1) -> int:
+    """What a vLLM replica holds on each of its GPUs: its bf16 weights (split over the replica's GPUs), `kv_cache`
+    bytes of KV cache and its runtime."""
+    return 2 * shape.params // replica_gpus + kv_cache + VLLM_RUNTIME_BYTES
+
+
 def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int, kv_cache: int | None) -> int | None:
     """The trainer's activation budget with vLLM awake beside it, or None where vLLM should sleep between rollouts.
 
@@ -149,7 +155,7 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
     """
     if kv_cache is None or checkpointing:
         return None
-    awake = budget - (2 * shape.params + kv_cache + VLLM_RUNTIME_BYTES)
+    awake = budget - vllm_bytes(shape, kv_cache)
     return awake if awake // shape.activation_bytes_per_token(False) >= need else None
 
 
@@ -159,7 +165,7 @@ def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: 
     (`rollout.free_cache_engine=false`): beside vLLM's weights, KV cache and runtime, or its whole share where vLLM
     sizes its cache from it. A budget planned as if vLLM slept ran the 0.6B shape's first update out of memory on
     an 80-GB GPU (H100, ff5d6b6e84f3: vLLM held 43.9 GiB awake)."""
-    held = 2 * shape.params + kv_cache + VLLM_RUNTIME_BYTES if kv_cache is not None else int(share_bytes)
+    held = vllm_bytes(shape, kv_cache) if kv_cache is not None else int(share_bytes)
     awake = budget - held
     fits = lambda left: left // shape.activation_bytes_per_token(True) >= longest_sequence  # noqa: E731
     if not fits(awake):
@@ -167,7 +173,7 @@ def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: 
         less = (" or give vLLM less: " + ("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes (its KV "
                                            "cache)" if kv_cache is not None else
                                            "actor_rollout_ref.rollout.gpu_memory_utilization")
-                if fits(budget - 2 * shape.params - VLLM_RUNTIME_BYTES - MIN_KV_BYTES) else "")
+                if fits(budget - vllm_bytes(shape, MIN_KV_BYTES)) else "")
         raise ModelDoesNotFit(
             f"actor_rollout_ref.rollout.free_cache_engine=false keeps vLLM's {held / GIB:.0f} GiB on the GPU through "
             f"the update, leaving the trainer {max(0, awake) / GIB:.1f} GiB beside its {static / GIB:.0f} GiB of "
@@ -220,7 +226,7 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
     minutes of start-up, so a GPU without room for it is refused here, where --cfg job and --doctor see it."""
     kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload, critic=critic, critic_offload=critic_offload)
     room = gpu_total * 0.9 - kept
-    least = 2 * shape.params // replica_gpus + VLLM_RUNTIME_BYTES + MIN_KV_BYTES
+    least = vllm_bytes(shape, MIN_KV_BYTES, replica_gpus)
     if least > room:
         raise ModelDoesNotFit(
             f"vLLM needs at least {least / GIB:.1f} GiB per GPU for a {shape.params / 1e9:.1f}B-parameter model (its "
@@ -336,7 +342,7 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     if vllm_request_tokens > 0 and concurrency > 0:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
         kv_need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
-        kv_room = int(share * gpu_total) - 2 * shape.params - VLLM_RUNTIME_BYTES
+        kv_room = int(share * gpu_total) - vllm_bytes(shape, 0)
         if kv_need < kv_room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
             kv_cache = kv_need
             out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", kv_need,
