@@ -46,7 +46,8 @@ def main() -> None:
     runs = {}
     for name, engine_args in variants(spec["engine_args"], args.only).items():
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
-        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args}, args.out / name)
+        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "without_logprobs": False},
+                                 args.out / name)
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"]})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends

@@ -65,7 +65,10 @@ def ceiling_vllm(spec: dict) -> dict:
     # beside it what the log-probs cost and what vLLM's default detokenization would add.
     same = run(logprobs=0)
     if spec.get("engine_args"):  # vLLM as the rollout configures it: the same requests, only the rollout's own work
-        return {**same, "engine_args": spec["engine_args"], "requests": len(requests)}
+        # (`without_logprobs`: also without them, where this ceiling may set the serial limit; ceiling_variants.py
+        # compares the rollout's work alone)
+        return {**same, "engine_args": spec["engine_args"], "requests": len(requests),
+                **({"without_logprobs": run(logprobs=None)} if spec.get("without_logprobs") else {})}
     return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
             "requests": len(requests), "max_gen_len": max(gen_lens)}
 
@@ -166,24 +169,47 @@ TARGETS = {"step_vs_serial_limit": ("max", 1.6), "generate_vs_vllm": ("min", 0.8
            "update_vs_forward_backward": ("min", 0.7), "weight_sync_s": ("max", 0.15)}
 
 
+def fastest_vllm(vllm: dict, configured: dict | None) -> tuple[str | None, dict]:
+    """vLLM alone as the phases' ceiling: the faster (median tokens/s with log-probs) of its defaults (`vllm`) and
+    the rollout's engine arguments (`configured`). Either can be the faster: on an H100, vLLM's defaults ran the
+    0.6B step's requests in 2.21 s (runs of 1.37-3.37 s) and the rollout's arguments in 1.27 s (1.20-1.32 s),
+    at 58270373a9cd; a ceiling that is not vLLM at its fastest would call a slow rollout fast."""
+    measured = {name: c for name, c in (("defaults", vllm), ("configured", configured or {})) if c.get("tokens_per_s")}
+    if not measured:
+        return None, {}
+    name = max(measured, key=lambda k: measured[k]["tokens_per_s"])
+    return name, measured[name]
+
+
 def ratios(phases: dict, step_s: float, vllm: dict, train: dict, configured: dict | None = None) -> dict:
     """Each phase against its ceiling, the step against the serial limit (vLLM alone without log-probs, then
     plain forward+backward: the least a step that generates and then trains could take), and which targets hold.
 
     `phases`: gpu_step.py's (generate / old_log_prob / update with `tokens_per_s`, update_weights with `s`);
-    `configured`: vLLM alone with the rollout's engine arguments (`vllm_configured`), where it was measured."""
+    `configured`: vLLM alone with the rollout's engine arguments (`vllm_configured`), where it was measured.
+    vLLM alone is the faster of the two (`vllm_ceiling` names it; `generate_vs_vllm_defaults` and
+    `generate_vs_vllm_configured` set generation beside each); the serial limit takes the fastest of their runs."""
     def ratio(ours, ceiling):
         return ours / ceiling if ours is not None and ceiling else None
 
+    generated = phases["generate"].get("tokens_per_s")
+    which, alone = fastest_vllm(vllm, configured)
+    # the serial limit's vLLM: the fastest run of these requests, without log-probs or with them (a run that also
+    # returned log-probs bounds one without from above: a configured ceiling measured with log-probs only still
+    # lowers the limit below the defaults' slower run without)
+    ceilings = (vllm, configured or {})
+    without = [c["without_logprobs"].get("seconds") for c in ceilings if c.get("without_logprobs")]
+    ran = [t for t in (*without, *(c.get("seconds") for c in ceilings)) if t is not None]
     forward_backward = train.get("forward_backward", {})
-    parts = (vllm.get("without_logprobs", {}).get("seconds"), forward_backward.get("seconds"))
+    parts = (min(ran) if any(t is not None for t in without) else None, forward_backward.get("seconds"))
     serial = sum(parts) if all(p is not None for p in parts) else None
     out = {
-        "generate_vs_vllm": ratio(phases["generate"].get("tokens_per_s"), vllm.get("tokens_per_s")),
-        # against vLLM's best run instead of its median (records from before the median have only this one)
-        "generate_vs_vllm_best": ratio(phases["generate"].get("tokens_per_s"), vllm.get("best_tokens_per_s")),
-        "generate_vs_vllm_configured": ratio(phases["generate"].get("tokens_per_s"),
-                                             (configured or {}).get("tokens_per_s")),
+        "vllm_ceiling": which,
+        "generate_vs_vllm": ratio(generated, alone.get("tokens_per_s")),
+        # against that ceiling's best run instead of its median (records from before the median have only this one)
+        "generate_vs_vllm_best": ratio(generated, alone.get("best_tokens_per_s")),
+        "generate_vs_vllm_defaults": ratio(generated, vllm.get("tokens_per_s")),
+        "generate_vs_vllm_configured": ratio(generated, (configured or {}).get("tokens_per_s")),
         "old_log_prob_vs_forward": ratio(phases["old_log_prob"].get("tokens_per_s"),
                                          train.get("forward", {}).get("tokens_per_s"))
         if phases["old_log_prob"].get("mode") == "recompute" else None,

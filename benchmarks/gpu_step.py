@@ -19,7 +19,8 @@ GPU, on the same model and the same token counts:
   `with_detokenize`: with vLLM's default incremental detokenization); each the median of five runs, the best
   beside it (`best_seconds`);
 - `vllm_configured`: the same requests on vLLM with the engine arguments the rollout's server had (verl's rollout
-  config and our tuning's `engine_kwargs`, benchmarks/ceilings.py), with log-probs;
+  config and our tuning's `engine_kwargs`, benchmarks/ceilings.py), with log-probs and without; the phases' vLLM
+  ceiling is the faster of the two (`ratio_to_ceiling.vllm_ceiling` names it), as is the serial limit's;
 - `forward_backward` and `forward`: plain PyTorch on the model in bf16 (the attention verl's actor uses:
   flash-attn's varlen kernel, or torch's where flash-attn is missing), the step's sequences packed into
   micro-batches of the actor's token budget, logits -> cross-entropy -> backward (no optimizer).
@@ -404,7 +405,8 @@ def main(argv: list[str] | None = None) -> None:
         # the same requests on vLLM as the rollout's server was configured: between it and vLLM's defaults, what the
         # configuration costs; between it and the rollout, what the server's path (Ray, verl, the agent loop) costs
         configured = measure_ceiling("vllm_configured", {
-            **requests, "engine_args": configured_engine_args(cfg["actor_rollout_ref"]["rollout"])}, out)
+            **requests, "engine_args": configured_engine_args(cfg["actor_rollout_ref"]["rollout"]),
+            "without_logprobs": True}, out)
         steps_measured = max(1, len(steps))
         one_step = lengths["total"][: len(lengths["total"]) // steps_measured]
         tuned = result["tuned"]

@@ -4,7 +4,7 @@ record in RESULTS (a gpu_step.jsonl) of the same job on the same GPU model.
 A launch's steady steps vary with what the machine did while it started (vLLM's graphs, the allocator's first
 segments), so one launch's medians can sit apart from the next one's. The joined record's headline numbers are the
 medians of the measured steps of both launches together (each launch's own `per_step`), its ratios those medians
-against this launch's ceilings; `this_launch` keeps this launch's own, `earlier_invocation` names the other's date,
+against this launch's ceilings (or the earlier launch's, where only that one measured them: `ceilings_from`); `this_launch` keeps this launch's own, `earlier_invocation` names the other's date,
 commit and command. Two launches rarely fit one 10-minute device call, so each runs in a call of its own.
 """
 from __future__ import annotations
@@ -63,6 +63,11 @@ def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
               "this_launch": {key: result[key] for key in ("step_s", "phases", "ratio_to_ceiling") if key in result},
               "earlier_invocation": {key: earlier.get(key) for key in ("date", "commit", "command", "step_s")}}
     ceilings = result.get("ceilings") or {}
+    if "vllm_generate" not in ceilings and "vllm_generate" in (earlier.get("ceilings") or {}):
+        # a launch without ceilings (gpu_suite.sh ours_shape) joined with one that measured them on the same job:
+        # the medians over both against those
+        ceilings = earlier["ceilings"]
+        joined.update(ceilings=ceilings, ceilings_from="earlier_invocation")
     if "vllm_generate" in ceilings:
         joined["ratio_to_ceiling"] = ratios(joined["phases"], medians["step"], ceilings["vllm_generate"], ceilings,
                                             ceilings.get("vllm_configured"))

@@ -51,6 +51,33 @@ def test_a_run_that_meets_every_target_says_so_and_a_missing_ceiling_judges_noth
     assert set(failed["targets_met"]) == {"update_vs_forward_backward", "weight_sync_s"}
 
 
+def test_vllm_alone_is_the_faster_of_its_defaults_and_the_rollouts_configuration():
+    """The H100 launch at 58270373a9cd: vLLM's defaults ran the step's requests in a median 2.21 s, the rollout's
+    engine arguments in 1.27 s. Against the defaults the 2.17-s rollout looked at vLLM's speed; it is at 0.58 of
+    vLLM at its fastest, and the target is judged there."""
+    rollout = {**phases(0.279), "generate": {"s": 2.171, "tokens_per_s": 31597 / 2.171}}
+    defaults = {"seconds": 2.209, "tokens_per_s": 31502 / 2.209, "best_tokens_per_s": 31502 / 1.365,
+                "without_logprobs": {"seconds": 2.569}}
+    configured = {"seconds": 1.267, "tokens_per_s": 31502 / 1.267, "best_tokens_per_s": 31502 / 1.204,
+                  "without_logprobs": {"seconds": 0.98}}
+    out = ratios(rollout, 3.584, defaults, TRAIN, configured)
+    assert out["vllm_ceiling"] == "configured"
+    assert out["generate_vs_vllm"] == pytest.approx((31597 / 2.171) / (31502 / 1.267))
+    assert out["generate_vs_vllm"] == out["generate_vs_vllm_configured"]
+    assert out["generate_vs_vllm_best"] == pytest.approx((31597 / 2.171) / (31502 / 1.204))  # the same ceiling's best
+    assert out["generate_vs_vllm_defaults"] > 1 and not out["targets_met"]["generate_vs_vllm"]
+    assert out["serial_limit_s"] == pytest.approx(0.98 + 0.69)  # the faster run without log-probs
+    # a configured ceiling measured with log-probs only (as at 58270373a9cd): vLLM ran these requests in 1.267 s with
+    # log-probs, so without them it takes no longer; the defaults' 2.569 s without would inflate the limit
+    only_with = {k: v for k, v in configured.items() if k != "without_logprobs"}
+    assert ratios(rollout, 3.584, defaults, TRAIN, only_with)["serial_limit_s"] == pytest.approx(1.267 + 0.69)
+    # where the defaults are the faster, or the configured ceiling failed, the defaults are the ceiling
+    assert ratios(rollout, 3.584, configured, TRAIN, defaults)["vllm_ceiling"] == "defaults"
+    failed = ratios(rollout, 3.584, defaults, TRAIN, {"error": "vLLM did not start"})
+    assert failed["vllm_ceiling"] == "defaults" and failed["generate_vs_vllm_configured"] is None
+    assert failed["generate_vs_vllm"] == pytest.approx((31597 / 2.171) / (31502 / 2.209))
+
+
 # ---- one record over two launches (benchmarks/launches.py) -------------------------------------------------------
 
 def launch_record(step_s: list[float], update_s: list[float], gpu: str = "NVIDIA H200", **job) -> dict:
@@ -83,6 +110,21 @@ def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is
     assert joined["this_launch"]["step_s"] == pytest.approx(3.85)
     assert joined["ratio_to_ceiling"]["update_vs_forward_backward"] == pytest.approx(0.69 / 1.15)
     assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)
+
+
+def test_a_launch_without_ceilings_is_rated_against_the_earlier_launchs():
+    """gpu_suite.sh ours_shape measures no ceilings: joined with a launch of the same job that did, the medians over
+    both are set beside those, and the record says whose they are."""
+    from benchmarks.launches import join
+
+    measured = {**launch_record([3.5, 3.6, 3.7, 3.6], [1.0, 1.1, 1.0, 1.1]),
+                "ceilings": {"vllm_generate": VLLM, **TRAIN}}
+    bare = {**launch_record([3.8, 3.9, 3.8, 4.0], [1.2, 1.2, 1.3, 1.2]), "date": "2026-12-06T17:43:54+00:00"}
+    joined = join(bare, measured)
+    assert joined["ceilings_from"] == "earlier_invocation" and joined["ceilings"]["vllm_generate"] == VLLM
+    assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)
+    assert "ceilings_from" not in join(measured, bare)  # a launch's own ceilings stay its own
+    assert "ratio_to_ceiling" not in join(bare, bare)
 
 
 def test_a_launch_recorded_without_its_earlier_one_is_joined_afterwards(tmp_path):
@@ -189,3 +231,4 @@ def test_each_variant_runs_the_configured_ceiling_with_its_own_arguments(tmp_pat
     assert all("No module named 'vllm'" in run["error"] for run in line["runs"].values()), line["runs"]
     kept = json.loads((tmp_path / "without_logprobs_mode" / "ceiling-vllm_configured.spec.json").read_text())
     assert kept["engine_args"] == {"enable_sleep_mode": True} and kept["gen_lens"] == [3, 5]
+    assert kept["without_logprobs"] is False  # the rollout's work alone: the serial limit is gpu_step.py's

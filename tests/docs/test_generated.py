@@ -114,6 +114,17 @@ def test_the_trl_table_puts_ours_on_the_same_job_beside_trls_newest_record():
     assert cells_of(trl_shapes.table(records), "qwen3-4b")[1] == "not measured yet"
 
 
+def test_the_trl_table_takes_a_launch_joined_with_the_one_before_it_over_the_launch_alone():
+    """`python -m benchmarks.launches` appends the join of the newest launch with the earlier one under the newest's
+    date: the medians over both launches go beside TRL's, in either order in the file."""
+    trl = [trl_shape_record("2026-12-06T17:41", 3.47)]
+    alone = gpu_step_record("2026-12-06T17:43", 4.45)
+    joined = {**gpu_step_record("2026-12-06T17:43", 3.62), "launches": 2}
+    for ours in ([alone, joined], [joined, alone]):
+        got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": ours, "vs_trl": trl}), "qwen3-0.6b")))
+        assert got["step s ours / TRL"] == "3.62 / 3.47"
+
+
 def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not():
     trl = [trl_shape_record("2026-12-05T09:00", 5.0)]
     guarded = gpu_step_record("2026-12-05T10:00", 4.0, overrides=["trainer.guard.reward_constant.action=warn"])
