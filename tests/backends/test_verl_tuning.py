@@ -1,7 +1,7 @@
 """The verl performance plan for real model shapes (pure arithmetic: no GPU, no verl import)."""
 import pytest
 
-from rl_factory.backends.verl.tuning import (GIB, MIN_KV_BYTES, VLLM_RUNTIME_BYTES, ModelDoesNotFit, ModelShape,
+from rl_factory.backends.verl.tuning import (GIB, MEMORY_FRACTION, MIN_KV_BYTES, VLLM_RUNTIME_BYTES, ModelDoesNotFit, ModelShape,
                                              Offload, plan)
 
 H200 = 143771 * 1024**2
@@ -220,6 +220,39 @@ def test_vllm_kept_awake_on_the_command_line_leaves_the_trainer_what_it_holds_aw
     with pytest.raises(ModelDoesNotFit, match=r"or give vLLM less: actor_rollout_ref.rollout.gpu_memory_utilization"):
         _values(QWEN3_06B, concurrency=256, vllm_request_tokens=512, longest_sequence=32768, gpu_total=H100,
                 free_cache_engine=False)
+
+
+def test_vllms_memory_given_on_the_command_line_is_what_the_trainer_is_planned_beside():
+    """A KV cache or share given for vLLM is what the trainer's micro-batches and vLLM's sleep are planned beside,
+    not the plan's own: on an H200 the plan keeps vLLM awake beside its 42-GiB KV cache, and a trainer planned
+    so beside a 30-GiB larger one given on the command line would run out of memory at its first update."""
+    kv, sleep = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", "actor_rollout_ref.rollout.free_cache_engine"
+    budget, ckpt = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.model.enable_gradient_checkpointing"
+    job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
+    per_token = QWEN3_06B.activation_bytes_per_token(False)
+    trainer = int(H200 * MEMORY_FRACTION) - 16 * QWEN3_06B.params  # the trainer's room, less its state
+    own = _values(QWEN3_06B, **job)
+    assert own[sleep] is False and own[ckpt] is False
+    for extra in (10, 30):
+        given = _values(QWEN3_06B, **job, kv_cache_given=True, kv_cache_bytes=own[kv] + extra * GIB)
+        assert kv not in given  # the given value stays: the plan sets no other
+        if given.get(sleep) is False:  # awake beside the larger cache: micro-batches that fit beside it
+            held = 2 * QWEN3_06B.params + own[kv] + extra * GIB + VLLM_RUNTIME_BYTES
+            assert given[budget] < own[budget] and given[budget] * per_token + held < trainer
+        else:  # too large to keep awake: vLLM sleeps, and the trainer has the GPU between rollouts
+            assert extra == 30 and given[budget] == 32768
+    # on an 80-GB GPU the plan's own KV cache puts vLLM to sleep; a 2-GiB one given leaves room to keep it awake
+    assert sleep not in _values(QWEN3_06B, **job, gpu_total=H100)
+    small = _values(QWEN3_06B, **job, gpu_total=H100, kv_cache_given=True, kv_cache_bytes=2 * GIB)
+    assert small[sleep] is False and small[ckpt] is False and small[budget] >= 16384
+    # the KV cache given as None (an engine_kwargs node without it): vLLM sizes it from its share, too little to plan
+    # on, so vLLM sleeps
+    assert sleep not in _values(QWEN3_06B, **job, kv_cache_given=True, kv_cache_bytes=None)
+    # a share given: kept, and the plan's KV cache only where it fits in it (42 GiB do not fit in 8)
+    share = _values(QWEN3_06B, **job, gpu_total=H100, share_given=0.1, free_cache_engine=False)
+    assert share["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.1 and kv not in share
+    assert share[ckpt] is False
+    assert share[budget] * per_token + 0.1 * H100 < int(H100 * MEMORY_FRACTION) - 16 * QWEN3_06B.params
 
 
 def test_missing_rollout_engine_is_one_line_naming_the_install():
@@ -451,3 +484,33 @@ def test_a_vllm_setting_given_on_the_command_line_inside_a_tuned_key_keeps_the_t
 
         assert (json.loads(value) if isinstance(value, str) else dict(value)) == expected
         assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
+
+
+@pytest.mark.slow  # composes verl's config
+def test_a_kv_cache_given_on_the_command_line_reaches_the_plan_and_a_size_vllm_cannot_take_is_refused(
+        tmp_path, monkeypatch):
+    pytest.importorskip("verl")
+    import rl_factory.backends.verl.config as verl_config
+    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from rl_factory.backends.verl.config import compose_verl
+    from rl_factory.backends.verl.launcher import absolute
+    from rl_factory.config import ConfigError, load_config, parse, split_overrides
+
+    monkeypatch.setattr(verl_config, "gpu_bytes", lambda: (H100, True))
+    model = shape_config_dir("qwen3-0.6b", tmp_path)
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+
+    def compose(*extra):
+        ours, raw = split_overrides(verl_overrides(parse_args(["--shape", "qwen3-0.6b", "--no-ceilings", *extra]),
+                                                   model, tmp_path / "run"))
+        return compose_verl(absolute(parse(load_config("grpo", ours))), raw,
+                            {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
+
+    assert compose().actor_rollout_ref.rollout.free_cache_engine is True  # the plan's 42 GiB: vLLM sleeps (verl's default)
+    given = compose(f"+{key}={2 * GIB}")
+    assert given.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 2 * GIB
+    assert given.actor_rollout_ref.rollout.free_cache_engine is False  # awake beside the 2 GiB given
+    with pytest.raises(ConfigError, match=rf"^{key}='16G': vLLM takes its KV cache as a whole number of bytes"):
+        compose(f"+{key}=16G")
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=1.5: vLLM's share of the GPU is a fraction"):
+        compose("actor_rollout_ref.rollout.gpu_memory_utilization=1.5")

@@ -212,6 +212,27 @@ def _given(key: str, given: set[str]) -> bool:
 
 VARLEN_MODULE = "rl_factory.models.varlen_attention"
 SLEEP_KEY = "actor_rollout_ref.rollout.free_cache_engine"
+SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+KV_CACHE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+
+
+def _share(cfg: DictConfig) -> float:
+    """vLLM's gpu_memory_utilization as configured: a fraction of the GPU."""
+    value = OmegaConf.select(cfg, SHARE_KEY)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    raise ConfigError(f"{SHARE_KEY}={value!r}: vLLM's share of the GPU is a fraction in (0, 1]")
+
+
+def _kv_cache_bytes(cfg: DictConfig) -> int | None:
+    """vLLM's KV cache in bytes as configured (None: vLLM sizes it from its share). verl hands engine_kwargs to
+    vLLM's engine arguments as they are, where only a whole number of bytes is taken (the suffixes, "16G", are
+    parsed on vLLM's command line only)."""
+    value = OmegaConf.select(cfg, KV_CACHE_KEY)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ConfigError(f"{KV_CACHE_KEY}={value!r}: vLLM takes its KV cache as a whole number of bytes "
+                      "(17179869184 for 16 GiB)")
 
 
 def _storage_units(cfg: DictConfig) -> int:
@@ -245,7 +266,10 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     storage_units=_storage_units(cfg),
                     free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None,
                     offload=_offload(cfg, "actor_rollout_ref.actor.fsdp_config"),
-                    critic_offload=_offload(cfg, "critic.fsdp"))
+                    critic_offload=_offload(cfg, "critic.fsdp"),
+                    # vLLM's memory given on the command line: the trainer is planned beside it
+                    share_given=_share(cfg) if _given(SHARE_KEY, given) else None,
+                    kv_cache_given=_given(KV_CACHE_KEY, given), kv_cache_bytes=_kv_cache_bytes(cfg))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 

@@ -244,7 +244,8 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
          replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
-         offload: Offload = Offload(), critic_offload: Offload = Offload()) -> Plan:
+         offload: Offload = Offload(), critic_offload: Offload = Offload(), share_given: float | None = None,
+         kv_cache_given: bool = False, kv_cache_bytes: int | None = None) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
@@ -254,6 +255,10 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
     `offload`, `critic_offload`: verl's offload of the actor's (the critic's) parameters and optimizer state outside
     its update, as configured.
+    `share_given`: vLLM's gpu_memory_utilization given on the command line; `kv_cache_given`: its
+    kv_cache_memory_bytes was (`kv_cache_bytes`: the value; None: vLLM sizes its KV cache from its share). The
+    trainer is planned beside what vLLM will hold, not beside what the plan would have given it: a plan that kept
+    vLLM awake beside its own 42-GiB KV cache would leave a trainer beside a larger given one out of memory.
     """
     out = Plan()
     if 2 * nodes < storage_units:
@@ -331,15 +336,16 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     no_ckpt = budget // shape.activation_bytes_per_token(False)
     checkpointing = no_ckpt < need
     fits = f"{budget / GIB:.0f} GiB left for activations after {static / GIB:.0f} GiB of training state"
-    share = rollout_share(shape, gpus=gpus, gpu_total=gpu_total, lora=lora, replica_gpus=replica_gpus, offload=offload,
-                          critic=critic, critic_offload=critic_offload)
+    share = share_given if share_given is not None else rollout_share(
+        shape, gpus=gpus, gpu_total=gpu_total, lora=lora, replica_gpus=replica_gpus, offload=offload, critic=critic,
+        critic_offload=critic_offload)
     kept = rollout_state(shape, gpus=gpus, lora=lora, offload=offload, critic=critic, critic_offload=critic_offload)
     whose = ", the critic's included" if critic else ""
     out.set("actor_rollout_ref.rollout.gpu_memory_utilization", share,
             f"vLLM's weights and KV cache beside the {kept / GIB:.0f} GiB the trainer keeps through the rollout "
             f"(weights and optimizer state{whose}, no gradients)")
-    kv_cache = None
-    if vllm_request_tokens > 0 and concurrency > 0:
+    kv_cache = kv_cache_bytes if kv_cache_given else None
+    if vllm_request_tokens > 0 and concurrency > 0 and not kv_cache_given:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
         kv_need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
         kv_room = int(share * gpu_total) - vllm_bytes(shape, 0)
