@@ -34,6 +34,16 @@ def test_a_process_is_found_by_the_role_its_command_line_names():
         child.wait()
 
 
+def test_the_prestarted_agent_loop_worker_is_found_as_the_agent_loop_worker():
+    """Ray names an actor's process after its class: the prestarted worker's name carries the role (as `_Worker` it
+    was missed, and the H100 profile at 58270373a9cd had no agent-loop worker)."""
+    pytest.importorskip("verl")
+    from benchmarks.pyspy_watch import ROLES
+    from rl_factory.backends.verl.prestart import AgentLoopWorkerPrestarted
+
+    assert [role for role in ROLES if role in f"ray::{AgentLoopWorkerPrestarted.__name__}"] == ["AgentLoopWorker"]
+
+
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
 def test_a_run_reaching_its_step_is_sampled(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(999))", "ray::WorkerDict"])

@@ -67,8 +67,10 @@ class _Started:
 _started = _Started()
 
 
-class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_class__):
-    """verl's AgentLoopWorkerTQ, built in two parts: all of it but the clients at start, the clients at `attach`."""
+class AgentLoopWorkerPrestarted(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_class__):
+    """verl's AgentLoopWorkerTQ, built in two parts: all of it but the clients at start, the clients at `attach`.
+    (Ray names the process after the class, "ray::AgentLoopWorkerPrestarted": benchmarks/pyspy_watch.py finds the
+    agent-loop worker by that name.)"""
 
     def __init__(self, config: DictConfig):
         AgentLoopWorker.__init__(self, config, llm_client=None)  # no TransferQueue yet: the TaskRunner starts it
@@ -93,7 +95,7 @@ class _Worker(AgentLoopWorkerTQ.__ray_metadata__.modified_class.__ray_actor_clas
         tq.init()
 
 
-PrestartedWorker = ray.remote(_Worker)
+PrestartedWorker = ray.remote(AgentLoopWorkerPrestarted)
 
 
 def rollout_server(config: DictConfig) -> tuple[str, bool]:
