@@ -370,7 +370,11 @@ def main(argv: list[str] | None = None) -> None:
                          "tokens_per_s": gen_tokens / numbers["generate"] if gen_tokens else None,
                          "slowest_trajectory_s": numbers["slowest_trajectory"],
                          "trajectory_starts_s": numbers["trajectory_starts"],
-                         "trajectories_span_s": numbers["trajectories_span"]},
+                         "trajectories_span_s": numbers["trajectories_span"],
+                         # request_starts_s: the same for the first requests' departures to the server;
+                         # before_first_request_s: the longest an agent loop took to send its first request
+                         "request_starts_s": numbers["request_starts"],
+                         "before_first_request_s": numbers["before_first_request"]},
             # algorithm.old_log_probs (rl_factory/backends/verl/old_log_probs.py): in `update` and `rollout` mode verl
             # runs no forward here, only copies vLLM's log-probs: its time is not a forward's, and has no ceiling
             "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],

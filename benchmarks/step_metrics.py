@@ -10,7 +10,8 @@ from pathlib import Path
 # the rollout phase's agent loops (rl_factory/backends/verl/run_dir.py, trajectory_timing): the slowest one, how long
 # after the first the last began, and from the first start to the last return
 TRAJECTORIES = {"slowest_trajectory": "timing/slowest_trajectory_s", "trajectory_starts": "timing/trajectory_starts_s",
-                "trajectories_span": "timing/trajectories_span_s"}
+                "trajectories_span": "timing/trajectories_span_s", "request_starts": "timing/request_starts_s",
+                "before_first_request": "timing/before_first_request_s"}
 
 
 def _median(values: list[float]) -> float:

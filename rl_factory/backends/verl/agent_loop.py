@@ -78,6 +78,7 @@ class ServerEngine:
         # max_global_steps and summed speculative-decoding counters.
         self.extra: dict[str, Any] = {}
         self.num_preempted = -1
+        self.first_request_unix: float | None = None  # when the first turn's request left for the server
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self.turns == 0 and len(prompt_ids) > self.max_prompt_tokens:  # verl pads prompts to this length
@@ -90,6 +91,8 @@ class ServerEngine:
             # detokenizer (and the text of each sampled log-prob) would be per-token Python work in the
             # server's event loop for text nobody reads. Stop strings are the one thing that needs it.
             sampling.setdefault("detokenize", False)
+        if self.first_request_unix is None:
+            self.first_request_unix = time.time()
         out = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(prompt_ids),
                                                  sampling_params=sampling)
         self._record(out)
@@ -208,7 +211,9 @@ class RLFactoryAgentLoop(AgentLoopBase):
         # how long the trajectory took, beside the rollout phase it was part of (the slowest one bounds it), and when
         # it began: the step's trajectories began together only if verl's dispatch and router let them
         spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
-                 "tools_s": round(timing["timing/tools_s"], 4), "started_unix": round(started, 4)}
+                 "tools_s": round(timing["timing/tools_s"], 4), "started_unix": round(started, 4),
+                 **({"first_request_unix": round(timing["first_request_unix"], 4)}
+                    if timing.get("first_request_unix") is not None else {})}
         # the run guard's (rl_factory/guard), checked where verl logs the step; `session_key` is the prefix of this
         # session's keys in verl's batch ({uid}_{session}_{output}), where the guard reads what the actor trains
         evidence = {**trajectory_evidence(traj), "session_key": f"{uid}_{session}"}
@@ -241,7 +246,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
             traj.prompt_ids = state.fmt.prompt_ids(sample["messages"])
             traj.token_ids = [*traj.prompt_ids, self.tokenizer.eos_token_id]
             traj.loss_mask, traj.logprobs = [0] * len(traj.token_ids), [0.0] * len(traj.token_ids)
-        return traj, {**agent.timing(), "server_extra": engine.extra, "num_preempted": engine.num_preempted}
+        return traj, {**agent.timing(), "server_extra": engine.extra, "num_preempted": engine.num_preempted,
+                      "first_request_unix": engine.first_request_unix}
 
 
 def to_outputs(traj: Trajectory, timing: dict[str, Any], score: float | None, response_length: int,

@@ -22,7 +22,7 @@ def to_record(traj: Trajectory, step: int = 0, split: str = "train", session: in
               timing: dict[str, float] | None = None, guard: dict[str, Any] | None = None) -> str:
     """The trajectory as JSON, with where it belongs in the run (global step, split, session) and, from
     the agent loop, its `timing` (wall_s from the agent loop's start to its return, generate_s, tools_s,
-    started_unix)
+    started_unix, first_request_unix)
     and the run guard's evidence (`guard`: rl_factory/guard/evidence.py)."""
     turns = [{
         "generated_ids": t.generated_ids, "text": t.text,

@@ -179,7 +179,11 @@ def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
     Where every line says when its trajectory began (`started_unix`, one node's clock): how long after the first
     trajectory the last one began (`timing/trajectory_starts_s`: verl's dispatch to the workers and its router's
     answers, paid before a request reaches vLLM) and from the first start to the last return
-    (`timing/trajectories_span_s`: the part of the rollout phase spent in agent loops)."""
+    (`timing/trajectories_span_s`: the part of the rollout phase spent in agent loops). Where they say when their
+    first request left for the server (`first_request_unix`): how long after the first such request the last one
+    left (`timing/request_starts_s`: what vLLM sees arrive over several engine steps, each adding requests, where a
+    ceiling that submits every request at once sees one) and the longest a trajectory spent in its agent loop before
+    it (`timing/before_first_request_s`: its episode opened, its prompt rendered)."""
     timings = [r["timing"] for r in lines if isinstance(r.get("timing"), dict) and "wall_s" in r["timing"]]
     if not timings:
         return {}
@@ -189,6 +193,12 @@ def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
         starts = [t["started_unix"] for t in timings]
         out["timing/trajectory_starts_s"] = max(starts) - min(starts)
         out["timing/trajectories_span_s"] = max(s + w for s, w in zip(starts, walls)) - min(starts)
+    sent = [t for t in timings if "first_request_unix" in t]  # a failed episode sent none
+    if sent:
+        firsts = [t["first_request_unix"] for t in sent]
+        out["timing/request_starts_s"] = max(firsts) - min(firsts)
+        if all("started_unix" in t for t in sent):
+            out["timing/before_first_request_s"] = max(t["first_request_unix"] - t["started_unix"] for t in sent)
     return out
 
 
