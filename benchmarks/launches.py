@@ -4,8 +4,9 @@ record in RESULTS (a gpu_step.jsonl) of the same job on the same GPU model.
 A launch's steady steps vary with what the machine did while it started (vLLM's graphs, the allocator's first
 segments), so one launch's medians can sit apart from the next one's. The joined record's headline numbers are the
 medians of the measured steps of both launches together (each launch's own `per_step`), its ratios those medians
-against this launch's ceilings (or the earlier launch's, where only that one measured them: `ceilings_from`); `this_launch` keeps this launch's own, `earlier_invocation` names the other's date,
-commit and command. Two launches rarely fit one 10-minute device call, so each runs in a call of its own.
+against this launch's ceilings (or the earlier launch's, where only that one measured them: `ceilings_from`);
+`this_launch` keeps this launch's own, `earlier_invocation` names the other's date, commit and command. Two launches
+rarely fit one 10-minute device call, so each runs in a call of its own.
 """
 from __future__ import annotations
 

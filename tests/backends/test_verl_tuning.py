@@ -1,8 +1,8 @@
 """The verl performance plan for real model shapes (pure arithmetic: no GPU, no verl import)."""
 import pytest
 
-from rl_factory.backends.verl.tuning import (GIB, MEMORY_FRACTION, MIN_KV_BYTES, VLLM_RUNTIME_BYTES, ModelDoesNotFit, ModelShape,
-                                             Offload, plan)
+from rl_factory.backends.verl.tuning import (GIB, MEMORY_FRACTION, MIN_KV_BYTES, VLLM_RUNTIME_BYTES, ModelDoesNotFit,
+                                             ModelShape, Offload, plan)
 
 H200 = 143771 * 1024**2
 QWEN3_06B = ModelShape(params=596_049_920, layers=28, hidden=1024, heads_dim=2048, kv_dim=1024,
@@ -226,8 +226,10 @@ def test_vllms_memory_given_on_the_command_line_is_what_the_trainer_is_planned_b
     """A KV cache or share given for vLLM is what the trainer's micro-batches and vLLM's sleep are planned beside,
     not the plan's own: on an H200 the plan keeps vLLM awake beside its 42-GiB KV cache, and a trainer planned
     so beside a 30-GiB larger one given on the command line would run out of memory at its first update."""
-    kv, sleep = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", "actor_rollout_ref.rollout.free_cache_engine"
-    budget, ckpt = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.model.enable_gradient_checkpointing"
+    kv = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    sleep = "actor_rollout_ref.rollout.free_cache_engine"
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    ckpt = "actor_rollout_ref.model.enable_gradient_checkpointing"
     job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
     per_token = QWEN3_06B.activation_bytes_per_token(False)
     trainer = int(H200 * MEMORY_FRACTION) - 16 * QWEN3_06B.params  # the trainer's room, less its state
@@ -506,7 +508,7 @@ def test_a_kv_cache_given_on_the_command_line_reaches_the_plan_and_a_size_vllm_c
         return compose_verl(absolute(parse(load_config("grpo", ours))), raw,
                             {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
 
-    assert compose().actor_rollout_ref.rollout.free_cache_engine is True  # the plan's 42 GiB: vLLM sleeps (verl's default)
+    assert compose().actor_rollout_ref.rollout.free_cache_engine is True  # the plan's 42 GiB: vLLM sleeps (verl's)
     given = compose(f"+{key}={2 * GIB}")
     assert given.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 2 * GIB
     assert given.actor_rollout_ref.rollout.free_cache_engine is False  # awake beside the 2 GiB given

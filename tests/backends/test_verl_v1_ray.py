@@ -222,7 +222,7 @@ def assert_run_dir_contract(cfg, right):
     starts = [r["timing"]["started_unix"] for r in rollouts]
     assert line["timing/trajectory_starts_s"] == pytest.approx(max(starts) - min(starts))
     assert line["timing/slowest_trajectory_s"] <= line["timing/trajectories_span_s"] + 1e-3
-    firsts = [r["timing"]["first_request_unix"] for r in rollouts]  # each trajectory sent its first request after it began
+    firsts = [r["timing"]["first_request_unix"] for r in rollouts]  # each sent its first request after it began
     assert all(r["timing"]["started_unix"] <= r["timing"]["first_request_unix"] for r in rollouts)
     assert line["timing/request_starts_s"] == pytest.approx(max(firsts) - min(firsts))
     assert 0 <= line["timing/before_first_request_s"] <= line["timing/slowest_trajectory_s"]

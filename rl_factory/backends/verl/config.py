@@ -269,7 +269,8 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     critic_offload=_offload(cfg, "critic.fsdp"),
                     # vLLM's memory given on the command line: the trainer is planned beside it
                     share_given=_share(cfg) if _given(SHARE_KEY, given) else None,
-                    kv_cache_given=_given(KV_CACHE_KEY, given), kv_cache_bytes=_kv_cache_bytes(cfg))
+                    kv_cache_given=_given(KV_CACHE_KEY, given),
+                    kv_cache_bytes=_kv_cache_bytes(cfg) if _given(KV_CACHE_KEY, given) else None)
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
 
