@@ -29,7 +29,9 @@ Prints one JSON line: where the launch's time went before its first step (`start
 rl_factory/backends/verl/startup.py; also printed when the job ends before its first step), per phase the
 median seconds over steps 2..K (step 1 compiles and captures graphs;
 `--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
-tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the tuned settings used.
+tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the GPU's SM clock, power,
+temperature and throttle reasons and the host's load over the job and in each measured step (`device_clocks`,
+from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the tuned settings used.
 `--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
 the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
 `--startup-variant NAME` launches the job with one start-up variant's verl keys (benchmarks/startup_variants.py;
@@ -57,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import startup_variants  # noqa: E402
 from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios  # noqa: E402
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
+from benchmarks.gpu_memory import run_per_step  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 
@@ -184,7 +187,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     """
     import signal
 
-    from benchmarks.gpu_memory import DevicePeak
+    from benchmarks.gpu_memory import DEVICE_TIMELINE, DevicePeak
 
     env = launch_env(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +216,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
                     pass
             wait_gone(gpu_processes, LEFTOVER_WAIT_S)
     writer.join(timeout=10)
+    device.write_timeline(run_dir / DEVICE_TIMELINE)
     wall = time.perf_counter() - t0
     (run_dir / ENDED_FILE).write_text(json.dumps({"exit_code": code}) + "\n")
     metrics = run_dir / "metrics.jsonl"
@@ -387,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         # max_*: the FSDP actor's torch allocator (verl's metric); device_*: nvidia-smi over the whole job (vLLM too)
         "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"],
                       "device_peak_used": (device or {}).get("peak_used_gb"), "device_total": (device or {}).get("total_gb")},
+        # the GPU's clocks, power and throttle reasons (and the host's load) over the job and in each measured step:
+        # a step slow in every phase at once beside a held-back clock is the GPU's, beside full clocks the host's
+        "device_clocks": {"job": (device or {}).get("clocks"), "per_step": run_per_step(run_dir, steps, launched)},
         "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
         # where the launch's time went before its first step (the run's startup.json, written by our launcher and
         # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
