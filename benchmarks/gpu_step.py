@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> None:
                          # request_starts_s: the same for the first requests' departures to the server;
                          # before_first_request_s: the longest an agent loop took to send its first request
                          "request_starts_s": numbers["request_starts"],
-                         "before_first_request_s": numbers["before_first_request"]},
+                         "before_first_request_s": numbers["before_first_request"],
+                         # the most of trajectory_starts_s inside one agent-loop worker (the rest: verl's dispatch)
+                         "trajectory_starts_in_worker_s": numbers["trajectory_starts_in_worker"]},
             # algorithm.old_log_probs (rl_factory/backends/verl/old_log_probs.py): in `update` and `rollout` mode verl
             # runs no forward here, only copies vLLM's log-probs: its time is not a forward's, and has no ceiling
             "old_log_prob": {"s": numbers["old_log_prob"], "tokens": numbers["total_tokens"],

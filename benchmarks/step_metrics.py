@@ -11,7 +11,8 @@ from pathlib import Path
 # after the first the last began, and from the first start to the last return
 TRAJECTORIES = {"slowest_trajectory": "timing/slowest_trajectory_s", "trajectory_starts": "timing/trajectory_starts_s",
                 "trajectories_span": "timing/trajectories_span_s", "request_starts": "timing/request_starts_s",
-                "before_first_request": "timing/before_first_request_s"}
+                "before_first_request": "timing/before_first_request_s",
+                "trajectory_starts_in_worker": "timing/trajectory_starts_in_worker_s"}
 
 
 def _median(values: list[float]) -> float:

@@ -12,7 +12,9 @@ Our loop calls the MCP calculator server (stdio, one per worker); verl's calls t
 verl `BaseTool` in-process (benchmarks/verl_tool_agent/), with the same prompt.
 
 Prints one JSON line: for each loop the seconds from `generate_sequences` until every group of the
-step is finished in TransferQueue (median and all repeats, after one warm-up step), the CPU seconds a step
+step is finished in TransferQueue (median and all repeats, after one warm-up step), for ours when the last step's
+trajectories began and sent their first requests (`timing`: the spread over all and inside one worker), the CPU
+seconds a step
 cost every process of the run (by process: agent-loop workers, reward workers, TransferQueue, MCP
 servers, the driver's polling), and the ratios. On a machine with few cores the CPU seconds are the
 steadier number: the wall clock of a CPU-bound step swings with whatever else runs. On the
@@ -174,13 +176,25 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
         scores = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores"])["rm_scores"]
         reward = float(sum(float(s.sum()) for s in scores.unbind(0)) / max(1, len(keys)))
         extra = then(keys, cfg) if then else None
+        timing = last_step_timing(Path(cfg.rl_factory.trainer.output_dir), args.repeats + 1) if loop == "rl_factory" \
+            else None
     finally:
         tq.close()
     cpu = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / args.repeats, 3) for name in cpu_after}
     cpu = {name: v for name, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.001}
     return {"median_s": statistics.median(times), "all_s": [round(t, 3) for t in times],
             "cpu_s_per_step": sum(cpu.values()), "cpu_s_per_step_by_process": cpu,
-            "trajectories": len(keys), "reward_mean": reward, **({"then": extra} if then else {})}
+            "trajectories": len(keys), "reward_mean": reward, **({"then": extra} if then else {}),
+            **({"timing": timing} if timing else {})}
+
+
+def last_step_timing(run: Path, step: int) -> dict[str, float]:
+    """Our loop's trajectory timing of `step` (rl_factory/backends/verl/run_dir.py's `trajectory_timing`), from the
+    rollouts lines the reward workers wrote: when the trajectories began, in each worker and over all, and when
+    their first requests left."""
+    from rl_factory.backends.verl.run_dir import gather, trajectory_timing
+
+    return {k.removeprefix("timing/"): round(v, 4) for k, v in trajectory_timing(gather(run, "train", step)).items()}
 
 
 def parser(description: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:

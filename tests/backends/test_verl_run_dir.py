@@ -312,11 +312,12 @@ def test_a_late_session_joins_its_steps_file_and_a_reissued_one_replaces_the_lin
 def test_the_first_requests_spread_is_taken_over_the_trajectories_that_sent_one():
     from rl_factory.backends.verl.run_dir import trajectory_timing
 
-    lines = [{"timing": {"wall_s": 2.0, "started_unix": 100.0, "first_request_unix": 100.004}},
-             {"timing": {"wall_s": 1.5, "started_unix": 100.03, "first_request_unix": 100.09}},
-             {"timing": {"wall_s": 0.01, "started_unix": 100.05}}]  # a failed episode: no request
+    lines = [{"timing": {"wall_s": 2.0, "started_unix": 100.0, "first_request_unix": 100.004, "worker": 7}},
+             {"timing": {"wall_s": 1.5, "started_unix": 100.03, "first_request_unix": 100.09, "worker": 8}},
+             {"timing": {"wall_s": 0.01, "started_unix": 100.05, "worker": 8}}]  # a failed episode: no request
     out = trajectory_timing(lines)
     assert out["timing/trajectory_starts_s"] == pytest.approx(0.05)
+    assert out["timing/trajectory_starts_in_worker_s"] == pytest.approx(0.02)  # worker 8: 100.03 to 100.05
     assert out["timing/request_starts_s"] == pytest.approx(0.086)  # 100.004 to 100.09
     assert out["timing/before_first_request_s"] == pytest.approx(0.06)  # the second: 100.03 to 100.09
     assert "timing/request_starts_s" not in trajectory_timing([{"timing": {"wall_s": 1.0, "started_unix": 1.0}}])

@@ -212,6 +212,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         # it began: the step's trajectories began together only if verl's dispatch and router let them
         spent = {"wall_s": round(time.perf_counter() - start, 4), "generate_s": round(timing["timing/generate_s"], 4),
                  "tools_s": round(timing["timing/tools_s"], 4), "started_unix": round(started, 4),
+                 "worker": os.getpid(),
                  **({"first_request_unix": round(timing["first_request_unix"], 4)}
                     if timing.get("first_request_unix") is not None else {})}
         # the run guard's (rl_factory/guard), checked where verl logs the step; `session_key` is the prefix of this

@@ -179,7 +179,10 @@ def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
     Where every line says when its trajectory began (`started_unix`, one node's clock): how long after the first
     trajectory the last one began (`timing/trajectory_starts_s`: verl's dispatch to the workers and its router's
     answers, paid before a request reaches vLLM) and from the first start to the last return
-    (`timing/trajectories_span_s`: the part of the rollout phase spent in agent loops). Where they say when their
+    (`timing/trajectories_span_s`: the part of the rollout phase spent in agent loops), and the most of the starts'
+    spread inside one agent-loop worker (`timing/trajectory_starts_in_worker_s`: its event loop runs each trajectory
+    up to its first wait before the next one begins; the rest of the spread is the dispatch to the workers). Where
+    they say when their
     first request left for the server (`first_request_unix`): how long after the first such request the last one
     left (`timing/request_starts_s`: what vLLM sees arrive over several engine steps, each adding requests, where a
     ceiling that submits every request at once sees one) and the longest a trajectory spent in its agent loop before
@@ -193,6 +196,11 @@ def trajectory_timing(lines: list[dict[str, Any]]) -> dict[str, float]:
         starts = [t["started_unix"] for t in timings]
         out["timing/trajectory_starts_s"] = max(starts) - min(starts)
         out["timing/trajectories_span_s"] = max(s + w for s, w in zip(starts, walls)) - min(starts)
+        by_worker: dict[Any, list[float]] = {}
+        for t in timings:
+            by_worker.setdefault(t.get("worker"), []).append(t["started_unix"])
+        if None not in by_worker:  # within one agent-loop worker: its event loop starts its trajectories one by one
+            out["timing/trajectory_starts_in_worker_s"] = max(max(v) - min(v) for v in by_worker.values())
     sent = [t for t in timings if "first_request_unix" in t]  # a failed episode sent none
     if sent:
         firsts = [t["first_request_unix"] for t in sent]
