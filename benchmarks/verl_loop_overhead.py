@@ -135,16 +135,23 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
     from verl.utils.tokenizer import hf_tokenizer
 
     cfg, files = compose(loop, args.prompts, args.n, work, args.workers, args.model)
+    manager_cls = AgentLoopManagerTQ
+    if args.workers_from == "prestart":  # as our TaskRunner does, before TransferQueue (prestart.py)
+        from rl_factory.backends.verl import prestart
+
+        prestart.start(cfg)
+        manager_cls = prestart.PrestartedAgentLoopManager
     tokenizer = hf_tokenizer(cfg.actor_rollout_ref.model.path)
     dataset = RLHFDataset(data_files=files["train"], tokenizer=tokenizer, config=cfg.data)
     rows = collate_fn([dataset[i] for i in range(len(dataset))])
     note(f"{loop}: config composed, starting TransferQueue")
     tq.init(cfg.transfer_queue)
+    manager, reward_workers = None, []
     try:
         reward_workers = [ray.remote(RewardLoopWorker).remote(cfg) for _ in range(cfg.reward.num_workers)]
         note(f"{loop}: {len(reward_workers)} reward workers, starting the agent-loop manager")
-        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=InstantServer(tokenizer, args.request_ms / 1000),
-                                            teacher_client=None, reward_loop_worker_handles=reward_workers)
+        manager = manager_cls.create(config=cfg, llm_client=InstantServer(tokenizer, args.request_ms / 1000),
+                                     teacher_client=None, reward_loop_worker_handles=reward_workers)
         times, cpu_before = [], {}
         for step in range(1 + args.repeats):  # step 0 warms up: workers import, tool servers start
             if step == 1:
@@ -180,6 +187,8 @@ def measure(loop: str, args: argparse.Namespace, work: Path, then=None) -> dict:
             else None
     finally:
         tq.close()
+        for actor in [*getattr(manager, "agent_loop_workers", []), *reward_workers]:
+            ray.kill(actor)  # the next loop's run starts its own
     cpu = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / args.repeats, 3) for name in cpu_after}
     cpu = {name: v for name, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.001}
     return {"median_s": statistics.median(times), "all_s": [round(t, 3) for t in times],
@@ -209,6 +218,8 @@ def parser(description: str, repeats: int, repeats_help: str) -> argparse.Argume
     # trains it for minutes on a 2-core machine with an empty cache
     ap.add_argument("--model", default=None, help="a model directory (default: the builtin tiny model, built if missing)")
     ap.add_argument("--request-ms", type=float, default=0.0, help="each model request's simulated duration")
+    ap.add_argument("--workers-from", choices=["prestart", "verl"], default="prestart",
+                    help="the agent-loop workers our launcher starts (prestart.py, as in a run) or verl's own")
     return ap
 
 
@@ -236,7 +247,7 @@ def main() -> None:
                     choices=["rl_factory", "verl_tool_agent"])
     args = ap.parse_args()
     out = {"bench": "verl_loop_overhead", "prompts": args.prompts, "n": args.n, "request_ms": args.request_ms,
-           "workers": args.workers, "cpu_count": os.cpu_count(), **each_loop("verl_loop_overhead", args, args.loops)}
+           "workers": args.workers, "workers_from": args.workers_from, "cpu_count": os.cpu_count(), **each_loop("verl_loop_overhead", args, args.loops)}
     if "rl_factory" in out and "verl_tool_agent" in out:
         out["ours_vs_verl"] = out["rl_factory"]["median_s"] / out["verl_tool_agent"]["median_s"]
         # what the loops cost the machine, whatever the wall clock's noise: CPU seconds of every process per step

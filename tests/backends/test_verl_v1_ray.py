@@ -132,6 +132,29 @@ def test_v1_step_with_our_loop_and_reward(ray_cluster, verl_setup, advantage):
     assert_run_dir_contract(cfg, right)
 
 
+def test_the_loop_the_workers_build_directly_is_the_one_our_registry_entry_names():
+    from rl_factory.backends.verl import prestart
+    from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
+
+    entries = OmegaConf.load(agent_loop_config_path())
+    assert [e["_target_"] for e in entries if e["name"] == AGENT_NAME] == [prestart.OUR_LOOP]
+
+
+def _count_instantiate(worker) -> None:
+    """In an agent-loop worker's process: count hydra.utils.instantiate's calls (verl builds each trajectory's loop
+    with it), still calling it."""
+    import hydra.utils
+
+    original = hydra.utils.instantiate
+    _count_instantiate.calls = 0
+
+    def counted(*args, **kwargs):
+        _count_instantiate.calls += 1
+        return original(*args, **kwargs)
+
+    hydra.utils.instantiate = counted
+
+
 def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, verl_setup):
     """Our TaskRunner starts the agent-loop workers before TransferQueue and the trainer (prestart.py); the
     manager verl builds from the config's class hands them the clients instead of starting its own, and the step
@@ -145,10 +168,13 @@ def test_v1_step_on_agent_loop_workers_started_before_the_trainer(ray_cluster, v
     prestart._started.join()
     started, router = list(prestart._started.workers), prestart._started.router
     assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == prestart.MANAGER
+    # each trajectory's loop is built without hydra's instantiate (prestart.py's _run_agent_loop): counted in the workers
+    ray.get([w.__ray_call__.remote(_count_instantiate) for w in started])
     managers = []
     keys, data, adv = rollout_step(cfg, files, [RIGHT, WRONG, RIGHT], manager_out=managers)
     assert keys == ["prompt-0_0_0", "prompt-0_1_0", "prompt-0_2_0"]
     assert [float(data["rm_scores"][i].sum()) for i in range(len(data))] == [1.0, 0.0, 1.0]
+    assert ray.get([w.__ray_call__.remote(lambda self: _count_instantiate.calls) for w in started]) == [0, 0]
     assert isinstance(managers[0], prestart.PrestartedAgentLoopManager)
     assert [w._actor_id for w in managers[0].agent_loop_workers] == [w._actor_id for w in started]
     assert prestart.take() == []  # taken once

@@ -1,5 +1,6 @@
 """benchmarks/verl_loop_overhead.py end to end at a tiny size: both loops run a step in verl's real V1 rollout
-machinery (Ray, TransferQueue, AgentLoopWorkerTQ, RewardLoopWorker) and the line reports what each cost; and
+machinery (Ray, TransferQueue, AgentLoopWorkerTQ as our launcher starts it, RewardLoopWorker) and the line reports
+what each cost; and
 benchmarks/old_log_prob_call.py, which times verl's old-log-prob call on such a step."""
 import json
 import subprocess
@@ -33,10 +34,15 @@ def test_both_loops_finish_their_groups_and_their_cost_is_counted_by_process(tin
         assert out["trajectories"] == 4 and out["median_s"] > 0
         # the scripted answer is right for the first prompt only (347 * 29): both loops' rewards score it alike
         assert out["reward_mean"] == 0.5
-        assert out["cpu_s_per_step_by_process"].get("ray::AgentLoopWorkerTQ", 0) > 0
+        assert out["cpu_s_per_step_by_process"].get("ray::AgentLoopWorkerPrestarted", 0) > 0  # prestart.py's
     # verl's loop calls its BaseTool in-process: no server process of its own (ours is an MCP stdio server, whose
     # CPU at this size can stay under the clock's 10 ms tick)
     assert "calculator server" not in line["verl_tool_agent"]["cpu_s_per_step_by_process"]
+    # on the workers a run uses (prestart.py): when our trajectories began and sent their first requests
+    timing = line["rl_factory"]["timing"]
+    assert line["workers_from"] == "prestart"
+    assert 0 <= timing["trajectory_starts_in_worker_s"] <= timing["trajectory_starts_s"]
+    assert 0 <= timing["request_starts_s"] and 0 <= timing["before_first_request_s"] <= timing["slowest_trajectory_s"]
     assert line["ours_vs_verl"] > 0 and line["ours_vs_verl_cpu"] > 0
 
 

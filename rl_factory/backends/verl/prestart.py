@@ -43,6 +43,7 @@ from rl_factory.backends.verl.timed_router import TimedRouter, preload_server_cl
 log = logging.getLogger("rl_factory.verl")
 
 MANAGER = f"{__name__}.PrestartedAgentLoopManager"
+OUR_LOOP = "rl_factory.backends.verl.agent_loop.RLFactoryAgentLoop"  # our loop's `_target_` (agent_loop.yaml)
 MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
 ROUTER_MODES = ("sync", "colocate_async")  # trainers whose rollouts go through the server manager's own router
 
@@ -83,6 +84,32 @@ class AgentLoopWorkerPrestarted(AgentLoopWorkerTQ.__ray_metadata__.modified_clas
             log.warning("verl: the rollout's server class did not import ahead of the servers' handles", exc_info=True)
 
         self.background_tasks = set()
+
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str,
+                              trace: bool = True, **kwargs: Any) -> Any:
+        """verl's own, with our loop built directly where the registry names it. verl builds each trajectory's loop
+        with `hydra.utils.instantiate`, which merges its arguments into an OmegaConf node first: 22% of the
+        agent-loop worker's busy time in a CPU profile (benchmarks/verl_loop_overhead.py), and each trajectory's
+        build delays the next one's start, and its first request to vLLM, in the worker's event loop."""
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        if (_agent_loop_registry.get(agent_name) or {}).get("_target_") != OUR_LOOP:
+            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                                 **kwargs)
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+        from verl.utils.rollout_trace import rollout_trace_attr
+
+        from rl_factory.backends.verl.agent_loop import RLFactoryAgentLoop
+
+        with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
+                                rollout_n=trajectory["rollout_n"], validate=trajectory["validate"], name="agent_loop",
+                                trace=trace):
+            loop = RLFactoryAgentLoop(trainer_config=DictConfigWrap(config=self.config), server_manager=self.llm_client,
+                                      tokenizer=self.tokenizer, processor=self.processor,
+                                      hf_model_type=self.hf_model_type, dataset_cls=self.dataset_cls,
+                                      data_config=DictConfigWrap(self.config.data), tools=ToolListWrap(self.tools))
+            output = await loop.run(sampling_params, **kwargs)
+            return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
 
     def attach(self, llm_client: Any, teacher_client: Any, reward_loop_worker_handles: Any) -> None:
         """What verl's constructor would have been given, and TransferQueue's client (AgentLoopWorkerTQ's)."""
