@@ -14,9 +14,9 @@ verl `BaseTool` in-process (benchmarks/verl_tool_agent/), with the same prompt.
 Prints one JSON line: for each loop the seconds from `generate_sequences` until every group of the
 step is finished in TransferQueue (median and all repeats, after one warm-up step), for ours when the last step's
 trajectories began and sent their first requests (`timing`: the spread over all and inside one worker), the CPU
-seconds a step
-cost every process of the run (by process: agent-loop workers, reward workers, TransferQueue, MCP
-servers, the driver's polling), and the ratios. On a machine with few cores the CPU seconds are the
+seconds a step cost every process of the run (by process: agent-loop workers, reward workers, TransferQueue, MCP
+servers, the driver's polling), and the ratios. `--workers-from prestart` (the default) runs the agent-loop
+workers our launcher starts (rl_factory/backends/verl/prestart.py), `verl` verl's own. On a machine with few cores the CPU seconds are the
 steadier number: the wall clock of a CPU-bound step swings with whatever else runs. On the
 GPU the loops run beside vLLM, where `gpu_suite.sh compare` measures them; this is the part of that
 comparison a CPU can check, and where to look when ours is the slower one.
@@ -247,7 +247,8 @@ def main() -> None:
                     choices=["rl_factory", "verl_tool_agent"])
     args = ap.parse_args()
     out = {"bench": "verl_loop_overhead", "prompts": args.prompts, "n": args.n, "request_ms": args.request_ms,
-           "workers": args.workers, "workers_from": args.workers_from, "cpu_count": os.cpu_count(), **each_loop("verl_loop_overhead", args, args.loops)}
+           "workers": args.workers, "workers_from": args.workers_from, "cpu_count": os.cpu_count(),
+           **each_loop("verl_loop_overhead", args, args.loops)}
     if "rl_factory" in out and "verl_tool_agent" in out:
         out["ours_vs_verl"] = out["rl_factory"]["median_s"] / out["verl_tool_agent"]["median_s"]
         # what the loops cost the machine, whatever the wall clock's noise: CPU seconds of every process per step

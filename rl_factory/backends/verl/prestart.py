@@ -33,8 +33,9 @@ from uuid import uuid4
 
 import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
-from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.utils.rollout_trace import rollout_trace_attr
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE
 
 from rl_factory.backends.verl import startup
@@ -91,15 +92,10 @@ class AgentLoopWorkerPrestarted(AgentLoopWorkerTQ.__ray_metadata__.modified_clas
         with `hydra.utils.instantiate`, which merges its arguments into an OmegaConf node first: 22% of the
         agent-loop worker's busy time in a CPU profile (benchmarks/verl_loop_overhead.py), and each trajectory's
         build delays the next one's start, and its first request to vLLM, in the worker's event loop."""
-        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
         if (_agent_loop_registry.get(agent_name) or {}).get("_target_") != OUR_LOOP:
             return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
                                                  **kwargs)
-        from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-        from verl.utils.rollout_trace import rollout_trace_attr
-
-        from rl_factory.backends.verl.agent_loop import RLFactoryAgentLoop
+        from rl_factory.backends.verl.agent_loop import RLFactoryAgentLoop  # imported at __init__: a lookup here
 
         with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
                                 rollout_n=trajectory["rollout_n"], validate=trajectory["validate"], name="agent_loop",
