@@ -7,11 +7,17 @@ messages and keeping the difference, so it works with any chat template (ours, Q
 """
 from __future__ import annotations
 
+import json
+import threading
+from array import array
+from collections import OrderedDict
 from typing import Any
 
 from rl_factory.base.errors import ConfigError
 
 _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+# rendered prompts' ids kept per ChatFormat (a step's prompts, each rolled out n times), as 4-byte ids: 4 MiB
+PROMPT_TOKENS_KEPT = 1 << 20
 
 
 class ChatFormat:
@@ -36,6 +42,9 @@ class ChatFormat:
         # eos token itself, so observation deltas start with this glue.
         self._glue = base[base.rindex(eos) + len(eos):]
         self._base = base
+        self._prompts: OrderedDict[str, array] = OrderedDict()
+        self._prompt_tokens = 0
+        self._prompts_lock = threading.Lock()
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False, tools=None) -> str:
         return self.tokenizer.apply_chat_template(
@@ -46,8 +55,29 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the whole prompt (system turn with tools, history, generation header)."""
-        return self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+        """Ids of the whole prompt (system turn with tools, history, generation header).
+
+        The n rollouts of a prompt render it once: the latest prompts' ids are kept, up to PROMPT_TOKENS_KEPT ids in
+        all. Rendering runs in the agent-loop worker's event loop before each trajectory's first request, so every
+        render also delays the next trajectory's start."""
+        try:
+            key = json.dumps(messages, sort_keys=True)
+        except (TypeError, ValueError):  # content that is not JSON (an image object): rendered each time
+            return self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+        with self._prompts_lock:
+            kept = self._prompts.get(key)
+            if kept is not None:
+                self._prompts.move_to_end(key)
+                return kept.tolist()
+        ids = self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+        if len(ids) <= PROMPT_TOKENS_KEPT:
+            with self._prompts_lock:
+                if key not in self._prompts:
+                    self._prompts[key] = array("i", ids)
+                    self._prompt_tokens += len(ids)
+                while self._prompt_tokens > PROMPT_TOKENS_KEPT:
+                    self._prompt_tokens -= len(self._prompts.popitem(last=False)[1])
+        return ids
 
     def observation_ids(self, tool_messages: list[dict]) -> list[int]:
         """Ids appended after a generated turn that ended with eos: the tool turn + next header."""
