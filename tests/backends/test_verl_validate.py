@@ -68,6 +68,9 @@ BAD = [
     (["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"],
      "actor_rollout_ref.rollout.gpu_memory_utilization=1.5: must be a number in (0, 1]"),
     (["actor_rollout_ref.actor.ppo_epochs=0"], "actor_rollout_ref.actor.ppo_epochs=0: must be an integer >= 1"),
+    # vLLM takes its KV cache in bytes as a whole number from verl's engine_kwargs ("16G" only on its command line)
+    (["+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=16G"],
+     "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes='16G': must be null or an integer >= 1"),
     # a value verl's RolloutConfig refuses when a worker converts the slice
     (["actor_rollout_ref.rollout.mode=sync"],
      "verl rejects actor_rollout_ref.rollout: Rollout mode 'sync' has been removed"),

@@ -30,7 +30,7 @@ from rl_factory.backends.verl.plugin import AGG_NAMES, OPTIONS_ENV
 from rl_factory.backends.verl.run_dir import LOGGER_NAME
 from rl_factory.backends.verl.sampler import sampler_values
 from rl_factory.backends.verl.tuning import ModelDoesNotFit, ModelShape, Offload, Plan, gpu_bytes, plan
-from rl_factory.backends.verl.validate import verl_defaults
+from rl_factory.backends.verl.validate import VERL_VALUE_RULES, verl_defaults
 from rl_factory.config import CONFIG_DIR, ConfigError, RunConfig, _has_key, _short, closest_key_hint
 
 log = logging.getLogger("rl_factory.verl")
@@ -216,25 +216,6 @@ SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 KV_CACHE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
 
 
-def _share(cfg: DictConfig) -> float:
-    """vLLM's gpu_memory_utilization as configured: a fraction of the GPU."""
-    value = OmegaConf.select(cfg, SHARE_KEY)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
-        return float(value)
-    raise ConfigError(f"{SHARE_KEY}={value!r}: vLLM's share of the GPU is a fraction in (0, 1]")
-
-
-def _kv_cache_bytes(cfg: DictConfig) -> int | None:
-    """vLLM's KV cache in bytes as configured (None: vLLM sizes it from its share). verl hands engine_kwargs to
-    vLLM's engine arguments as they are, where only a whole number of bytes is taken (the suffixes, "16G", are
-    parsed on vLLM's command line only)."""
-    value = OmegaConf.select(cfg, KV_CACHE_KEY)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        return value
-    raise ConfigError(f"{KV_CACHE_KEY}={value!r}: vLLM takes its KV cache as a whole number of bytes "
-                      "(17179869184 for 16 GiB)")
-
-
 def _storage_units(cfg: DictConfig) -> int:
     """TransferQueue's SimpleStorage units as configured; 0 with another storage backend."""
     backend = OmegaConf.select(cfg, "transfer_queue.backend.storage_backend")
@@ -268,11 +249,20 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     offload=_offload(cfg, "actor_rollout_ref.actor.fsdp_config"),
                     critic_offload=_offload(cfg, "critic.fsdp"),
                     # vLLM's memory given on the command line: the trainer is planned beside it
-                    share_given=_share(cfg) if _given(SHARE_KEY, given) else None,
-                    kv_cache_given=_given(KV_CACHE_KEY, given),
-                    kv_cache_bytes=_kv_cache_bytes(cfg) if _given(KV_CACHE_KEY, given) else None)
+                    **_vllm_memory_given(cfg, given))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _vllm_memory_given(cfg: DictConfig, given: set[str]) -> dict[str, Any]:
+    """The plan's `share_given`, `kv_cache_given` and `kv_cache_bytes`: the command line's values, where they are
+    ones vLLM takes (check_verl_config refuses the others in one line, after the plan)."""
+    def usable(key: str) -> bool:
+        return _given(key, given) and VERL_VALUE_RULES[key].allows(OmegaConf.select(cfg, key))
+
+    share, kv = usable(SHARE_KEY), usable(KV_CACHE_KEY)
+    return {"share_given": float(OmegaConf.select(cfg, SHARE_KEY)) if share else None,
+            "kv_cache_given": kv, "kv_cache_bytes": OmegaConf.select(cfg, KV_CACHE_KEY) if kv else None}
 
 
 def _offload(cfg: DictConfig, fsdp_config: str) -> Offload:

@@ -59,6 +59,9 @@ VERL_VALUE_RULES = {
     _ROLLOUT + "tensor_model_parallel_size": at_least(1), _ROLLOUT + "data_parallel_size": at_least(1),
     _ROLLOUT + "agent.num_workers": at_least(1), _ROLLOUT + "max_model_len": at_least(1, nullable=True),
     _ROLLOUT + "checkpoint_engine.update_weights_bucket_megabytes": at_least(1),
+    # verl hands engine_kwargs to vLLM's engine arguments as they are: bytes as a whole number ("16G" is parsed on
+    # vLLM's command line only)
+    _ROLLOUT + "engine_kwargs.vllm.kv_cache_memory_bytes": at_least(1, nullable=True),
     _ROLLOUT + "val_kwargs.n": at_least(1), _ROLLOUT + "val_kwargs.temperature": at_least(0, float),
     _ROLLOUT + "val_kwargs.top_p": Range(float, 0, 1, open_low=True),
     _ACTOR + "ppo_epochs": at_least(1), _ACTOR + "ppo_mini_batch_size": at_least(1),
