@@ -63,13 +63,13 @@ class ChatFormat:
         try:
             key = json.dumps(messages, sort_keys=True)
         except (TypeError, ValueError):  # content that is not JSON (an image object): rendered each time
-            return self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+            return self._prompt_ids(messages)
         with self._prompts_lock:
             kept = self._prompts.get(key)
             if kept is not None:
                 self._prompts.move_to_end(key)
                 return kept.tolist()
-        ids = self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
+        ids = self._prompt_ids(messages)
         if len(ids) <= PROMPT_TOKENS_KEPT:
             with self._prompts_lock:
                 if key not in self._prompts:
@@ -78,6 +78,9 @@ class ChatFormat:
                 while self._prompt_tokens > PROMPT_TOKENS_KEPT:
                     self._prompt_tokens -= len(self._prompts.popitem(last=False)[1])
         return ids
+
+    def _prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self._render(messages, add_generation_prompt=True, tools=self.tools))
 
     def observation_ids(self, tool_messages: list[dict]) -> list[int]:
         """Ids appended after a generated turn that ended with eos: the tool turn + next header."""
