@@ -159,6 +159,9 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     (out_dir / f"ceiling-{name}.spec.json").write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    # vLLM's own log, kept: what its engine logged per iteration where the rollout's engine arguments ask for it
+    # (enable_logging_iteration_details), beside the job's log of the same lines from the rollout's server
+    (out_dir / f"ceiling-{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not path.exists():
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
     return json.loads(path.read_text())

@@ -1,0 +1,33 @@
+"""benchmarks/iterations.py: vLLM's per-iteration log lines, counted by kind."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import iterations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def line(i, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, ms):
+    return (f"(EngineCore pid=12) INFO 12-06 17:42:49 [core.py:452] Iteration({i}): {ctx_reqs} context requests, "
+            f"{ctx_tokens} context tokens, {gen_reqs} generation requests, {gen_tokens} generation tokens, "
+            f"iteration elapsed time: {ms} ms\n")
+
+
+def test_steps_are_counted_by_kind_with_their_waits(tmp_path):
+    log = tmp_path / "bench_stdout.log"
+    log.write_text("+ 71.6s unrelated line\n" + line(0, 8, 480, 0, 0, "5.10") + line(1, 4, 96, 8, 8, "0.40")
+                   + line(2, 0, 0, 12, 12, "0.20") + line(3, 0, 0, 12, 12, "0.30") + line(4, 0, 0, 11, 11, "0.50"))
+    out = subprocess.run([sys.executable, "benchmarks/iterations.py", str(log), "--rollouts", "1"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["steps"] == 5 and got["steps_per_rollout"] == 5.0
+    assert got["prefill"]["steps"] == 1 and got["mixed"]["steps"] == 1 and got["decode"]["steps"] == 3
+    assert got["decode"]["median_wait_ms"] == 0.3 and got["decode"]["total_wait_s"] == 0.001
+    assert got["max_batch"] == 12 and got["context_tokens"] == 576
+
+
+def test_a_log_without_iteration_lines_says_so():
+    got = iterations.summary(iterations.parse("no vLLM lines here"))
+    assert got["steps"] == 0 and got["decode"]["median_wait_ms"] is None and got["max_batch"] == 0
