@@ -17,10 +17,16 @@ largest batch, and for a job's log the steps per rollout where the number of rol
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.record import emit  # noqa: E402
 
 LINE = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
                   r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms")
@@ -57,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     for log in args.logs:
         steps = parse(log.read_text(errors="replace"))
-        print(json.dumps({"bench": "iterations", "log": str(log), **summary(steps, args.rollouts)}))
+        emit("iterations", {"bench": "iterations", "log": str(log), **summary(steps, args.rollouts)})
 
 
 if __name__ == "__main__":
