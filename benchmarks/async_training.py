@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                               "seeds": args.seeds, "tool_latency_ms": args.tool_latency_ms,
                               "partial_rollouts": args.partial == "true", "run_dirs": str(out) if args.keep else None}
     if args.model is None and {"cpu_slow_tools", "cpu_fast_tools"} & set(args.arms):
-        from benchmarks.gpu_step import builtin_tokenizer_dir
+        from benchmarks.shapes import builtin_tokenizer_dir
         args.model = str(builtin_tokenizer_dir())  # the default job's model, built once and cached
     result["model"] = args.model
     if "cpu_slow_tools" in args.arms:
@@ -200,12 +200,12 @@ def h200(args, out: Path) -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine"}
-    from benchmarks import gpu_step, startup_variants, step_metrics
+    from benchmarks import gpu_step, shapes, startup_variants, step_metrics
 
     arm: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
     for name in args.h200_models:
-        shapes = Path(args.shapes_dir) if args.shapes_dir else out
-        model = gpu_step.builtin_tokenizer_dir() if name == "tiny" else gpu_step.build_shape(name, shapes)
+        shapes_dir = Path(args.shapes_dir) if args.shapes_dir else out
+        model = shapes.builtin_tokenizer_dir() if name == "tiny" else shapes.build_shape(name, shapes_dir)
         runs: dict[str, Any] = {}
         for k in args.h200_staleness:
             run_dir = out / f"{name}-k{k}"

@@ -284,7 +284,7 @@ case "${1:-}" in
   learn)
     # The builtin model is built once, here, before the jobs start: four jobs each building it at once on
     # the same cores took minutes per 25 warm-start steps (seen on the H200 host, 2026-12-01).
-    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    tiny=$($PY -c "from benchmarks.shapes import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
     for seed in 0 1 2; do
       learn_run seed$seed model.path=$tiny seed=$seed trainer.total_steps=20 trainer.eval_every=5 & sleep 15
     done
@@ -293,7 +293,7 @@ case "${1:-}" in
     learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 &
     wait ;;
   learn_one)  # one of learn's jobs alone (seedN or lora): vLLM's start-up memory check fails beside other jobs
-    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    tiny=$($PY -c "from benchmarks.shapes import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
     case ${2:?learn_one seed0|seed1|seed2|lora} in
       seed*) learn_run "$2" model.path=$tiny seed=${2#seed} trainer.total_steps=20 trainer.eval_every=5 ;;
       lora) learn_run lora model.path=$tiny seed=0 model.lora_rank=8 optim.lr=5e-3 trainer.total_steps=12 trainer.eval_every=6 ;;
@@ -312,7 +312,7 @@ case "${1:-}" in
     # ours: our measured steps run while verl's job is still starting (Ray and imports, CPU), and verl's steps
     # run after ours have ended (step_end_unix in both lines; the summary line checks it). Any contention
     # falls on our loop's steps, not on verl's.
-    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    tiny=$($PY -c "from benchmarks.shapes import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
     $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop rl_factory --out outputs/gpu_suite \
         > outputs/gpu_suite/compare-rl_factory.json &
     ours=$!
@@ -325,7 +325,7 @@ case "${1:-}" in
         >> "$RESULTS" ;;
   compare_one)  # one loop alone (one device call each, back to back); the second one also prints the summary line
     loop=${2:?compare_one rl_factory|verl_tool_agent}
-    tiny=$($PY -c "from benchmarks.gpu_step import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
+    tiny=$($PY -c "from benchmarks.shapes import builtin_tokenizer_dir; print(builtin_tokenizer_dir())") || exit 1
     $PY benchmarks/gpu_step.py --model "$tiny" --steps 8 --no-ceilings --agent-loop "$loop" --out outputs/gpu_suite "${@:3}" \
         > "outputs/gpu_suite/compare-$loop.json" && cat "outputs/gpu_suite/compare-$loop.json" >> "$RESULTS"
     if [ -s outputs/gpu_suite/compare-rl_factory.json ] && [ -s outputs/gpu_suite/compare-verl_tool_agent.json ]; then

@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
-from benchmarks.gpu_step import _select, build_shape, parse_args, run_verl  # noqa: E402
+from benchmarks.gpu_step import _select, parse_args, run_verl  # noqa: E402
+from benchmarks.shapes import build_shape  # noqa: E402
 from benchmarks.step_metrics import step_numbers  # noqa: E402
 
 TOOL_FILE = Path(__file__).with_name("long_context_tool.py")

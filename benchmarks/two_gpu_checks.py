@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = args.model
     else:
-        from benchmarks.gpu_step import builtin_tokenizer_dir
+        from benchmarks.shapes import builtin_tokenizer_dir
 
         model = str(builtin_tokenizer_dir())  # built once, before the clock of the launches matters
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)  # a fresh run: the first launch must not resume

@@ -99,7 +99,7 @@ def compose(loop: str, prompts: int, n: int, work: Path, workers: int, model: st
     from omegaconf import OmegaConf
 
     from benchmarks import verl_tool_agent
-    from benchmarks.gpu_step import builtin_tokenizer_dir
+    from benchmarks.shapes import builtin_tokenizer_dir
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.data import convert
     from rl_factory.backends.verl.launcher import absolute

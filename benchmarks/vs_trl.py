@@ -42,7 +42,7 @@ a message and only ours runs.
 
 **At the Qwen3 shapes** (`--shape qwen3-0.6b|qwen3-4b`, GPU): TRL's side only, on the job of
 `benchmarks/gpu_step.py --shape` (ours on verl; its parser's defaults are read here, so the two cannot drift):
-the same random-init weights (`gpu_step.build_shape` into `--models`, the directory gpu_step's `--out` names, so
+the same random-init weights (`shapes.build_shape` into `--models`, the directory gpu_step's `--out` names, so
 both sides load the one build), 16 prompts x 8, 3 turns of 256 tokens, 512 tokens a trajectory, lr 1e-6 with 3
 warmup steps, temperature 1, no KL, the same data, reward and calculator. TRL's vLLM importance-sampling
 correction is off (no old-log-prob forward, as ours' default `update` mode); its micro-batches and activation
@@ -198,7 +198,7 @@ def shape_job(shape: str) -> dict[str, Any]:
 
 def run_shape(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """TRL on gpu_step.py's job at args.shape, on the same build of the shape's weights."""
-    from benchmarks.gpu_step import build_shape
+    from benchmarks.shapes import build_shape
 
     load_before = os.getloadavg()
     tools, _ = asyncio.run(calculator_model())  # the MCP schema TRL's prompt is rendered with

@@ -400,7 +400,8 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     from verl.utils.config import validate_config
 
     import rl_factory.backends.verl.config as verl_config
-    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from benchmarks.gpu_step import parse_args, verl_overrides
+    from benchmarks.shapes import shape_config_dir
     from rl_factory.backends.verl.config import compose_verl, rollout_replicas
     from rl_factory.backends.verl.launcher import absolute
     from rl_factory.config import load_config, parse, split_overrides
@@ -467,7 +468,8 @@ def test_a_vllm_setting_given_on_the_command_line_inside_a_tuned_key_keeps_the_t
     stays as given, not replaced by the plan's JSON string (nor merged with it)."""
     pytest.importorskip("verl")
     import rl_factory.backends.verl.config as verl_config
-    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from benchmarks.gpu_step import parse_args, verl_overrides
+    from benchmarks.shapes import shape_config_dir
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.launcher import absolute
     from rl_factory.config import load_config, parse, split_overrides
@@ -493,7 +495,8 @@ def test_a_kv_cache_given_on_the_command_line_reaches_the_plan_and_a_size_vllm_c
         tmp_path, monkeypatch):
     pytest.importorskip("verl")
     import rl_factory.backends.verl.config as verl_config
-    from benchmarks.gpu_step import parse_args, shape_config_dir, verl_overrides
+    from benchmarks.gpu_step import parse_args, verl_overrides
+    from benchmarks.shapes import shape_config_dir
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.launcher import absolute
     from rl_factory.config import ConfigError, load_config, parse, split_overrides

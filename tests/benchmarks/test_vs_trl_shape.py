@@ -58,7 +58,8 @@ def test_trl_never_gets_more_tokens_a_micro_batch_than_ours_on_an_h200(tmp_path,
     from omegaconf import OmegaConf
 
     import rl_factory.backends.verl.config as verl_config
-    from benchmarks.gpu_step import shape_config_dir, verl_overrides
+    from benchmarks.gpu_step import verl_overrides
+    from benchmarks.shapes import shape_config_dir
     from rl_factory.backends.verl.config import compose_verl
     from rl_factory.backends.verl.launcher import absolute
     from rl_factory.config import load_config, parse, split_overrides
