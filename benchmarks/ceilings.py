@@ -164,7 +164,21 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     (out_dir / f"ceiling-{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not path.exists():
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
-    return json.loads(path.read_text())
+    result = json.loads(path.read_text())
+    steps = engine_steps(proc.stdout + proc.stderr, result)
+    return {**result, "engine_steps": steps} if steps else result
+
+
+def engine_steps(log: str, result: dict) -> dict | None:
+    """vLLM's logged iterations over this ceiling's runs (benchmarks/iterations.py), where it logged them: each run
+    is a warm-up then RUNS timed passes over the requests."""
+    from benchmarks import iterations
+
+    steps = iterations.parse(log)
+    if not steps:
+        return None
+    runs = 1 + sum(key in result for key in ("without_logprobs", "with_detokenize"))
+    return iterations.summary(steps, rollouts=runs * (RUNS + 1))
 
 
 # issue-level targets for one GPU at the 0.6B shape: each phase against its ceiling measured in the same run

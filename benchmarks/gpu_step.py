@@ -31,7 +31,11 @@ median seconds over steps 2..K (step 1 compiles and captures graphs;
 `--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the GPU's SM clock, power,
 temperature and throttle reasons and the host's load over the job and in each measured step (`device_clocks`,
-from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the tuned settings used.
+from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the tuned settings used; where the
+job asks vLLM to log its iterations
+(`+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_logging_iteration_details=true`), vLLM's engine steps
+by kind per rollout (`phases.generate.engine_steps`) and per run of the configured ceiling
+(`ceilings.vllm_configured.engine_steps`; benchmarks/iterations.py).
 `--gpus N` trains on N GPUs of this node (FSDP over N ranks) with N / `--tp` vLLM replicas; `--batch` is
 the step's prompts over all GPUs (benchmarks/scaling.py compares such lines with a one-GPU one).
 `--startup-variant NAME` launches the job with one start-up variant's verl keys (benchmarks/startup_variants.py;
@@ -56,7 +60,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks import startup_variants  # noqa: E402
+from benchmarks import iterations, startup_variants  # noqa: E402
 from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios  # noqa: E402
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.gpu_memory import run_per_step  # noqa: E402
@@ -330,6 +334,12 @@ def main(argv: list[str] | None = None) -> None:
         "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
     }
     ended = how_it_ended(run_dir)
+    # vLLM's own count of its engine steps and their kinds, where the job asked it to log them
+    # (enable_logging_iteration_details: benchmarks/iterations.py), over the job's rollouts
+    log = run_dir / "bench_stdout.log"
+    engine = iterations.parse(log.read_text(errors="replace")) if lines and log.exists() else []
+    if engine:
+        result["phases"]["generate"]["engine_steps"] = iterations.summary(engine, rollouts=len(lines))
     if ended["exit_code"] != 0:  # the steps measured are those before it stopped: say why it did
         result["ended"] = ended
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup

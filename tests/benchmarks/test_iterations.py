@@ -31,3 +31,13 @@ def test_steps_are_counted_by_kind_with_their_waits(tmp_path):
 def test_a_log_without_iteration_lines_says_so():
     got = iterations.summary(iterations.parse("no vLLM lines here"))
     assert got["steps"] == 0 and got["decode"]["median_wait_ms"] is None and got["max_batch"] == 0
+
+
+def test_a_ceilings_logged_steps_are_counted_over_its_generate_calls():
+    from benchmarks.ceilings import RUNS, engine_steps
+
+    log = "".join(line(i, 0, 0, 4, 4, "0.1") for i in range(6 * (RUNS + 1)))
+    with_and_without = engine_steps(log, {"seconds": 1.0, "without_logprobs": {"seconds": 0.9}})
+    assert with_and_without["steps"] == 6 * (RUNS + 1) and with_and_without["steps_per_rollout"] == 3.0
+    assert engine_steps(log, {"seconds": 1.0})["steps_per_rollout"] == 6.0  # one run: a warm-up and RUNS passes
+    assert engine_steps("vLLM logged no iterations", {"seconds": 1.0}) is None
