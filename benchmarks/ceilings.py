@@ -161,11 +161,12 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
                           cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
     # vLLM's own log, kept: what its engine logged per iteration where the rollout's engine arguments ask for it
     # (enable_logging_iteration_details), beside the job's log of the same lines from the rollout's server
-    (out_dir / f"ceiling-{name}.log").write_text(proc.stdout + proc.stderr)
+    log = proc.stdout + proc.stderr
+    (out_dir / f"ceiling-{name}.log").write_text(log)
     if proc.returncode != 0 or not path.exists():
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
     result = json.loads(path.read_text())
-    steps = engine_steps(proc.stdout + proc.stderr, result)
+    steps = engine_steps(log, result)
     return {**result, "engine_steps": steps} if steps else result
 
 
