@@ -42,6 +42,9 @@ def side(line: dict[str, Any]) -> dict[str, Any]:
             "all_step_s": line.get("all_step_s"), "per_step": line.get("per_step"),
             "memory_gb": line.get("memory_gb"), "overrides": line.get("overrides"),
             "launch_to_first_step_s": (line.get("startup") or {}).get("launch_to_first_step_s"),
+            # vLLM's engine steps by kind, where the launch logged them (gpu_step.py's docstring; --common gives
+            # both sides the engine argument)
+            **({"engine_steps": steps} if (steps := (phases.get("generate") or {}).get("engine_steps")) else {}),
             **({"ended": line["ended"]} if line.get("ended") else {})}
 
 

@@ -31,6 +31,14 @@ def test_b_over_a_is_each_phase_and_the_steps_ratio():
     assert a["launch_to_first_step_s"] == a_line["startup"]["launch_to_first_step_s"]
 
 
+def test_a_side_that_logged_vllms_iterations_carries_its_engine_steps():
+    line = recorded_line()
+    logged = json.loads(json.dumps(line))
+    logged["phases"]["generate"]["engine_steps"] = {"steps": 1900, "mixed": {"steps": 40}}
+    assert ab.side(logged)["engine_steps"]["mixed"]["steps"] == 40
+    assert "engine_steps" not in ab.side(line)  # a launch that did not ask vLLM for them
+
+
 def test_a_joined_line_compares_its_own_launch():
     """A measured with the ceilings and joined with an earlier launch (--a-ceilings --a-earlier): its headline numbers
     are both launches' medians; the comparison takes this launch's own."""
