@@ -31,7 +31,9 @@ median seconds over steps 2..K (step 1 compiles and captures graphs;
 `--measure-until M`: steps 2..M, the later ones run under py-spy in `gpu_suite.sh step`),
 tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; the GPU's SM clock, power,
 temperature and throttle reasons and the host's load over the job and in each measured step (`device_clocks`,
-from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the tuned settings used; where the
+from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the cores each of the job's processes
+and their busiest threads used in each measured step's rollout (`host_cpu_in_rollout`, benchmarks/host_cpu.py; the
+samples in host_cpu.jsonl); the tuned settings used; where the
 job asks vLLM to log its iterations
 (`+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_logging_iteration_details=true`), vLLM's engine steps
 by kind per rollout (`phases.generate.engine_steps`) and per run of the configured ceiling
@@ -60,7 +62,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks import iterations, startup_variants  # noqa: E402
+from benchmarks import host_cpu, iterations, startup_variants  # noqa: E402
 from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios  # noqa: E402
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.gpu_memory import run_per_step  # noqa: E402
@@ -119,13 +121,14 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     """
     import signal
 
-    from benchmarks.gpu_memory import DEVICE_TIMELINE, DevicePeak
+    from benchmarks.gpu_memory import DEVICE_TIMELINE, JOB_MARK_VAR, DevicePeak
+    from benchmarks.host_cpu import HOST_CPU_TIMELINE, JobCpu
 
     env = launch_env(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "bench_stdout.log"
     t0 = time.perf_counter()
-    with DevicePeak() as device:
+    with DevicePeak() as device, JobCpu(env[JOB_MARK_VAR]) as cpu:
         proc = subprocess.Popen(["bash", str(ROOT / "main_grpo.sh"), *verl_overrides(args, model, run_dir)], cwd=ROOT,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         # Each line stamped with the seconds since launch: where verl's start-up goes (Ray, FSDP, vLLM) is read here.
@@ -139,7 +142,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
             code = "timeout"
             # Ray's and vLLM's processes outside the job's process group must not hold the GPU for the next launch:
             # they carry the job's mark in their environment (launch_env)
-            from benchmarks.gpu_memory import JOB_MARK_VAR, LEFTOVER_WAIT_S, gpu_processes, job_processes, wait_gone
+            from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, job_processes, wait_gone
 
             for pid in job_processes(env[JOB_MARK_VAR]):
                 try:
@@ -149,6 +152,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
             wait_gone(gpu_processes, LEFTOVER_WAIT_S)
     writer.join(timeout=10)
     device.write_timeline(run_dir / DEVICE_TIMELINE)
+    cpu.write_timeline(run_dir / HOST_CPU_TIMELINE)
     wall = time.perf_counter() - t0
     (run_dir / ENDED_FILE).write_text(json.dumps({"exit_code": code}) + "\n")
     metrics = run_dir / "metrics.jsonl"
@@ -328,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
         # the GPU's clocks, power and throttle reasons (and the host's load) over the job and in each measured step:
         # a step slow in every phase at once beside a held-back clock is the GPU's, beside full clocks the host's
         "device_clocks": {"job": (device or {}).get("clocks"), "per_step": run_per_step(run_dir, steps, launched)},
+        # the cores each of the job's processes (and threads) used in each measured step's rollout: whether vLLM's
+        # engine core kept its core (benchmarks/host_cpu.py)
+        "host_cpu_in_rollout": host_cpu.run_rollouts(run_dir, steps),
         "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
         # where the launch's time went before its first step (the run's startup.json, written by our launcher and
         # TaskRunner), under which variant, with vLLM's compile cache as the launch found it

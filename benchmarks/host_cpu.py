@@ -1,0 +1,228 @@
+"""Where a job's host CPU time goes while its rollouts run: each of its processes' cores, and their threads'.
+
+vLLM's engine core is one Python thread that schedules, launches and reads back every engine step, so a decode
+step of a small model costs CPU time, not GPU time. On an H100 the rollout's server stepped 1.2-3x slower per
+token than the same vLLM offline (58270373a9cd, docs/guides/verl.md): either the engine core's thread got less
+than a whole core (the job's other processes on the same cores: Ray's workers, the agent loops, the actor, the
+tool servers) or its steps did more work. This sampler reads, every `interval` seconds, every process of the job
+(those whose environment carries the job's mark: gpu_memory.job_processes) from /proc: CPU seconds, voluntary and
+involuntary context switches, and each thread's CPU seconds; and the host's busy cores from /proc/stat.
+
+    with JobCpu(mark) as cpu:
+        subprocess.run(job)
+    cpu.write_timeline(run_dir / HOST_CPU_TIMELINE)
+    window(samples, start_unix, end_unix)   # {"host_busy_cores": ..., "processes": [{"name", "cores", ...}]}
+
+A process's `cores` in a window is its CPU seconds over the window's seconds: 1.0 is one core busy throughout.
+`involuntary_per_s`: the times the kernel took a core from it while it could still run; a busy engine core
+beside a high rate lost its core to another process. Linux only; elsewhere the sampler records nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in its run directory
+TOP_PROCESSES = 8  # the busiest processes a window lists
+TOP_THREADS = 4  # the busiest threads listed for each process that kept a core at least half busy
+
+
+def _stat_fields(text: str) -> list[str]:
+    """/proc/<pid>/stat after the command name (which may hold spaces and parentheses): field 3 onwards."""
+    return text[text.rindex(")") + 2:].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime (stat fields 14 and 15)
+
+
+def process_name(pid: int, proc: str = "/proc") -> str:
+    """What a process calls itself: its command line's first word where a framework retitled it ("ray::TaskRunner",
+    "VLLM::EngineCore"), else its executable and first argument."""
+    try:
+        raw = Path(f"{proc}/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    words = [w.decode(errors="replace") for w in raw.split(b"\0") if w]
+    if not words:
+        return "?"
+    if "::" in words[0]:  # setproctitle rewrites the whole line, spaces included
+        return words[0].split(" ")[0][:60]
+    return " ".join(Path(w).name if i == 0 else w for i, w in enumerate(words[:2]))[:60]
+
+
+def read_process(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
+    """One process's CPU seconds, context switches and threads' CPU seconds (None: gone)."""
+    try:
+        fields = _stat_fields(Path(f"{proc}/{pid}/stat").read_text())
+        status = Path(f"{proc}/{pid}/status").read_text()
+    except (OSError, ValueError):
+        return None
+    switches = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            switches[key.split("_")[0]] = int(value)
+    threads = {}
+    try:
+        for tid in os.listdir(f"{proc}/{pid}/task"):
+            try:
+                text = Path(f"{proc}/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            threads[tid] = [text[text.index("(") + 1:text.rindex(")")], _cpu_s(_stat_fields(text))]
+    except OSError:
+        pass
+    return {"cpu_s": _cpu_s(fields), "voluntary": switches.get("voluntary", 0),
+            "involuntary": switches.get("nonvoluntary", 0), "threads": threads}
+
+
+def host_busy_s(proc: str = "/proc") -> float | None:
+    """The seconds all the host's cores were busy since boot (/proc/stat's cpu line, idle and iowait aside)."""
+    try:
+        first = Path(f"{proc}/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) * TICK_S
+
+
+class JobCpu:
+    """Samples the job's processes (found by their environment's mark) in a thread between __enter__ and __exit__."""
+
+    def __init__(self, mark: str, interval: float = 0.25, proc: str = "/proc"):
+        self.mark, self.interval, self.proc = mark, interval, proc
+        self.timeline: list[dict[str, Any]] = []
+        self._names: dict[int, str] = {}  # the job's pids seen so far, with their names
+        self._others: set[int] = set()  # pids seen without the mark
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "JobCpu":
+        if os.path.isdir(f"{self.proc}/self/task"):
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _job_pids(self) -> list[int]:
+        from benchmarks.gpu_memory import JOB_MARK_VAR
+
+        needle = f"{JOB_MARK_VAR}={self.mark}".encode()
+        live = {int(p) for p in os.listdir(self.proc) if p.isdigit()} - {os.getpid()}
+        for pid in live - set(self._names) - self._others:
+            try:
+                marked = needle in Path(f"{self.proc}/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                marked = False  # gone, or not ours to read
+            if marked:
+                self._names[pid] = process_name(pid, self.proc)
+            else:
+                self._others.add(pid)
+        self._others &= live  # a pid may come back as one of the job's
+        return sorted(live & set(self._names))
+
+    def sample(self) -> dict[str, Any]:
+        began, now = time.perf_counter(), time.time()
+        processes = {}
+        for pid in self._job_pids():
+            read = read_process(pid, self.proc)
+            if read is not None:
+                # a process retitles itself after its start (Ray's workers, vLLM's engine core): read its name again
+                self._names[pid] = process_name(pid, self.proc) or self._names[pid]
+                processes[str(pid)] = {"name": self._names[pid], **read}
+        # read_s: what the sample itself took, the sampler's own load on the host
+        return {"unix": now, "host_busy_s": host_busy_s(self.proc), "processes": processes,
+                "read_s": round(time.perf_counter() - began, 4)}
+
+    def _poll(self) -> None:
+        while True:
+            self.timeline.append(self.sample())
+            if self._stop.wait(self.interval):
+                return
+
+    def write_timeline(self, path: Path) -> None:
+        """Every sample, one JSON line each (a run directory's `host_cpu.jsonl`)."""
+        if self.timeline:
+            path.write_text("".join(json.dumps(s) + "\n" for s in self.timeline))
+
+
+def read_timeline(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _edges(samples: list[dict[str, Any]], start: float, end: float) -> tuple[dict, dict] | None:
+    """The first sample at or after `start` and the last at or before `end`: the part of the window they bound is
+    all inside it, so a rollout's figures hold none of the update's or the sync's CPU time."""
+    inside = [s for s in samples if start <= s["unix"] <= end]
+    return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str, Any] | None:
+    """Each process's cores and context switches per second between the first and the last sample inside
+    [start, end], the busiest first, with its busiest threads where it kept at least half a core; and the host's
+    busy cores. None where fewer than two samples fall inside."""
+    edges = _edges(samples, start, end)
+    if edges is None:
+        return None
+    first, last = edges
+    seconds = last["unix"] - first["unix"]
+    if seconds <= 0:
+        return None
+    rows = []
+    for pid, now in last["processes"].items():
+        then = first["processes"].get(pid, {"cpu_s": 0.0, "voluntary": 0, "involuntary": 0, "threads": {}})
+        cores = (now["cpu_s"] - then["cpu_s"]) / seconds
+        row = {"pid": int(pid), "name": now["name"], "cores": round(cores, 3),
+               "voluntary_per_s": round((now["voluntary"] - then["voluntary"]) / seconds, 1),
+               "involuntary_per_s": round((now["involuntary"] - then["involuntary"]) / seconds, 1)}
+        if cores >= 0.5:
+            threads = [(name, (cpu - then["threads"].get(tid, [name, 0.0])[1]) / seconds)
+                       for tid, (name, cpu) in now["threads"].items()]
+            row["threads"] = [{"name": n, "cores": round(c, 3)}
+                              for n, c in sorted(threads, key=lambda t: -t[1])[:TOP_THREADS]]
+        rows.append(row)
+    rows.sort(key=lambda r: -r["cores"])
+    busy = (None if first["host_busy_s"] is None or last["host_busy_s"] is None
+            else round((last["host_busy_s"] - first["host_busy_s"]) / seconds, 2))
+    reads = sorted(s.get("read_s", 0.0) for s in samples if first["unix"] <= s["unix"] <= last["unix"])
+    return {"seconds": round(seconds, 2), "host_busy_cores": busy, "sampler_read_s": reads[len(reads) // 2],
+            "job_cores": round(sum(r["cores"] for r in rows), 2), "processes": rows[:TOP_PROCESSES]}
+
+
+def rollout_windows(run_dir: Path, steps: list[int]) -> dict[int, tuple[float, float]]:
+    """Each step's rollout in unix seconds: its first trajectory's start to its last one's return (our rollouts
+    files' `started_unix` and `wall_s`); steps whose lines lack them are left out."""
+    out = {}
+    for step in steps:
+        path = run_dir / "rollouts" / f"step_{step:06d}.jsonl"
+        if not path.exists():
+            continue
+        timings = [json.loads(x).get("timing") or {} for x in path.read_text().splitlines() if x.strip()]
+        spans = [(t["started_unix"], t["started_unix"] + t["wall_s"]) for t in timings
+                 if "started_unix" in t and "wall_s" in t]
+        if spans:
+            out[step] = (min(s for s, _ in spans), max(e for _, e in spans))
+    return out
+
+
+def run_rollouts(run_dir: Path, steps: list[int]) -> dict[str, Any]:
+    """`window` over each measured step's rollout, from a gpu_step run's samples ({} without them)."""
+    samples = read_timeline(run_dir / HOST_CPU_TIMELINE)
+    if not samples:
+        return {}
+    out = {}
+    for step, (start, end) in rollout_windows(run_dir, steps).items():
+        found = window(samples, start, end)
+        if found is not None:
+            out[str(step)] = found
+    return out
