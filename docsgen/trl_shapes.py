@@ -43,12 +43,24 @@ HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "
 # overrides that leave the job's work as it is: what the guard checks, and the actor's cache at the sync (keep, the
 # default, was given on the command line by the launches that measured it against release)
 JOB_NEUTRAL = ("trainer.guard.", "actor_cache_at_sync=")
+VLLM = "actor_rollout_ref.rollout.engine_kwargs.vllm."
+# and the settings the tuning plans for this job on one GPU, given on the command line by the launches that measured
+# them before the tuning chose them (vLLM's full graphs for mixed steps, rl_factory/backends/verl/tuning.py), with
+# vLLM's log line for each of its steps beside them
+AS_TUNED = {f"{VLLM}compilation_config.mode=NONE", f"{VLLM}compilation_config.cudagraph_mode=FULL",
+            "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,512,1024]",
+            f"{VLLM}enable_logging_iteration_details=true"}
+
+
+def neutral(override: str) -> bool:
+    bare = str(override).lstrip("+")
+    return bare.startswith(JOB_NEUTRAL) or bare in AS_TUNED
 
 
 def ours_matches(r: dict[str, Any], shape: str) -> bool:
-    neutral = all(str(o).lstrip("+").startswith(JOB_NEUTRAL) for o in r.get("overrides") or [])
+    neutral_only = all(neutral(o) for o in r.get("overrides") or [])
     return (r.get("shape") == shape and "job" in r and r.get("gpus", 1) == 1 and not r.get("lora_rank")
-            and r.get("agent_loop", "rl_factory") == "rl_factory" and neutral and bool(r.get("step_s")))
+            and r.get("agent_loop", "rl_factory") == "rl_factory" and neutral_only and bool(r.get("step_s")))
 
 
 def trl_matches(r: dict[str, Any], shape: str) -> bool:

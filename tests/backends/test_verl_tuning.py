@@ -121,6 +121,19 @@ def test_cuda_graphs_are_captured_for_the_decode_batches_the_rollout_reaches():
     assert _values(None, concurrency=300, max_num_seqs=300)["actor_rollout_ref.rollout.cudagraph_capture_sizes"][-1] == 300
 
 
+def test_a_one_gpu_vllm_replica_captures_graphs_for_the_mixed_steps_that_add_a_turns_prompt():
+    # full graphs for mixed batches are keyed by tokens: the decode batch plus the prompts that arrived since the
+    # step before; 8x the decode batch, at least 1024 tokens, at most what one vLLM step takes
+    key = "actor_rollout_ref.rollout.cudagraph_capture_sizes"
+    assert _values(None, concurrency=128, vllm_request_tokens=256)[key] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert _values(None, concurrency=4, vllm_request_tokens=256)[key][-1] == 1024
+    assert _values(None, concurrency=512, max_num_seqs=512, vllm_request_tokens=256)[key][-1] == 4096
+    assert _values(None, concurrency=512, max_num_seqs=512, max_num_batched_tokens=3000,
+                   vllm_request_tokens=256)[key][-1] == 2048
+    # tensor parallel keeps vLLM's compiled piecewise graphs: the decode batches only
+    assert _values(None, concurrency=128, vllm_request_tokens=256, replica_gpus=2)[key][-1] == 128
+
+
 def test_vllm_streams_only_a_requests_first_token_and_final_output():
     # verl's server keeps only the final output; vLLM's per-step cumulative outputs were Python work for nothing
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval"
@@ -137,12 +150,12 @@ def test_a_one_gpu_vllm_replica_runs_its_model_in_the_engine_process():
     assert key not in _values(None)  # not vLLM
 
 
-def test_a_one_gpu_vllm_replica_starts_without_torch_compile_and_decodes_in_full_cuda_graphs():
+def test_a_one_gpu_vllm_replica_starts_without_torch_compile_and_runs_every_step_in_full_cuda_graphs():
     import json
 
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config"
     value = json.loads(_values(None, vllm_request_tokens=1536)[key])
-    assert value == {"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert value == {"mode": "NONE", "cudagraph_mode": "FULL"}
     assert key not in _values(None, vllm_request_tokens=1536, replica_gpus=2)  # tensor parallel: compiled passes
     assert key not in _values(None)  # not vLLM
 
@@ -416,7 +429,10 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     assert cfg.trainer.n_gpus_per_node == args.gpus and rollout_replicas(cfg) == replicas
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == args.tp
-    assert cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes[-1] == top_graph
+    sizes = list(cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes)
+    assert top_graph in sizes and sizes == sorted(set(sizes))
+    # a one-GPU replica replays mixed steps (a turn's prompt beside the decodes) in full graphs too: sizes in tokens
+    assert sizes[-1] == (top_graph if args.tp > 1 else max(1024, 8 * top_graph))
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
     # 128 trajectories a replica or fewer: their KV cache is planned and vLLM stays awake beside the trainer, whose
@@ -477,7 +493,7 @@ def test_a_vllm_setting_given_on_the_command_line_inside_a_tuned_key_keeps_the_t
     monkeypatch.setattr(verl_config, "gpu_bytes", lambda: (H200, True))
     model = shape_config_dir("qwen3-0.6b", tmp_path)
     vllm = "actor_rollout_ref.rollout.engine_kwargs.vllm"
-    for extra, expected in (([], {"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}),
+    for extra, expected in (([], {"mode": "NONE", "cudagraph_mode": "FULL"}),
                             ([f"+{vllm}.compilation_config.mode=VLLM_COMPILE"], {"mode": "VLLM_COMPILE"})):
         args = parse_args(["--shape", "qwen3-0.6b", "--no-ceilings", *extra])
         ours, raw = split_overrides(verl_overrides(args, model, tmp_path / "run"))

@@ -139,6 +139,19 @@ def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not
     assert got["step s ours / TRL"] == "2.5 / 5"
 
 
+def test_the_tunings_own_graph_settings_given_on_the_command_line_leave_ours_beside_trl_and_others_do_not():
+    trl = [trl_shape_record("2026-12-05T09:00", 5.0)]
+    vllm = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    as_tuned = gpu_step_record("2026-12-05T10:00", 4.0, overrides=[
+        f"+{vllm}.compilation_config.mode=NONE", f"+{vllm}.compilation_config.cudagraph_mode=FULL",
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,512,1024]",
+        f"+{vllm}.enable_logging_iteration_details=true"])
+    compiled = gpu_step_record("2026-12-05T11:00", 3.0, overrides=[f"+{vllm}.compilation_config.mode=VLLM_COMPILE"])
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [as_tuned, compiled], "vs_trl": trl}),
+                                             "qwen3-0.6b")))
+    assert got["step s ours / TRL"] == "4 / 5"
+
+
 def test_the_trl_table_has_a_row_per_gpu_and_puts_ours_beside_trl_from_the_same_gpu_only():
     h100 = "NVIDIA H100 80GB HBM3"
     records = {"gpu_step": [gpu_step_record("2026-12-05T10:00", 3.0),

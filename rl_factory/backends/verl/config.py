@@ -242,6 +242,7 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
+                    max_num_batched_tokens=int(cfg.actor_rollout_ref.rollout.max_num_batched_tokens),
                     vllm_request_tokens=int(cfg.data.max_response_length) if cfg.actor_rollout_ref.rollout.name == "vllm"
                     else 0, replica_gpus=replica_gpus(cfg), nodes=int(cfg.trainer.nnodes),
                     storage_units=_storage_units(cfg),

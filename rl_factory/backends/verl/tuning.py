@@ -53,9 +53,18 @@ ASSUMED_GPU_BYTES = 80 * GIB   # when no GPU is visible here (--cfg job on a CPU
 KV_SLACK = 2
 MIN_KV_BYTES = 1 * GIB
 VLLM_RUNTIME_BYTES = 4 * GIB   # vLLM's activations, CUDA graphs and sampler beside its weights and KV cache
-# vLLM's compilation for a one-GPU replica: no torch.compile, full CUDA graphs for decode batches (a JSON string:
-# verl's server json-loads a string and merges its own cudagraph_mode default into a dict)
-COMPILATION_CONFIG = '{"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}'
+# vLLM's compilation for a one-GPU replica: no torch.compile, full CUDA graphs for every batch up to the largest
+# capture size, mixed (prompt and decode) batches too (a JSON string: verl's server json-loads a string and merges
+# its own cudagraph_mode default into a dict). An attention backend that cannot replay mixed batches in a full graph
+# (FlashAttention 2, FlashInfer) makes vLLM fall back to FULL_DECODE_ONLY, with a warning in its log.
+COMPILATION_CONFIG = '{"mode": "NONE", "cudagraph_mode": "FULL"}'
+# The capture sizes of mixed batches, in tokens: a mixed step carries the decode batch and the prompts that arrived
+# since the step before (a trajectory's next turn: its tool result, the rest from the prefix cache). In the 0.6B
+# shape's rollouts (16 x 8, H200, vLLM's iteration log) 74 of 76 mixed steps a launch carried at most 1024 tokens;
+# a rollout's first prefill (128 prompts at once) carries more and runs eager. 8x the decode batch, at least 1024,
+# at most vLLM's max_num_batched_tokens.
+MIXED_GRAPH_TOKENS = 1024
+MIXED_GRAPH_FACTOR = 8
 
 
 @dataclass
@@ -131,11 +140,15 @@ def attention_implementation() -> str:
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "rl_factory_varlen"
 
 
-def capture_sizes(concurrency: int, max_num_seqs: int) -> list[int]:
-    """Powers of two up to the decode batch the rollout can reach (at most vLLM's max_num_seqs)."""
+def capture_sizes(concurrency: int, max_num_seqs: int, max_num_batched_tokens: int = 0) -> list[int]:
+    """Powers of two up to the decode batch the rollout can reach (at most vLLM's max_num_seqs); with
+    `max_num_batched_tokens` (full graphs for mixed batches), on up to the mixed batches' tokens
+    (MIXED_GRAPH_FACTOR x that batch, at least MIXED_GRAPH_TOKENS, at most max_num_batched_tokens)."""
     top = min(max_num_seqs, 1 << max(0, concurrency - 1).bit_length())
     sizes = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
-    return sizes if sizes[-1] == top else [*sizes, top]
+    sizes = sizes if sizes[-1] == top else [*sizes, top]
+    mixed = min(max_num_batched_tokens, max(MIXED_GRAPH_TOKENS, MIXED_GRAPH_FACTOR * top))
+    return [*sizes, *(1 << k for k in range(top.bit_length(), mixed.bit_length()) if top < 1 << k <= mixed)]
 
 
 def vllm_bytes(shape: ModelShape, kv_cache: int, replica_gpus: int = 1) -> int:
@@ -242,13 +255,15 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
 
 
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
-         critic: bool, concurrency: int = 0, max_num_seqs: int = 256, vllm_request_tokens: int = 0,
+         critic: bool, concurrency: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+         vllm_request_tokens: int = 0,
          replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
          offload: Offload = Offload(), critic_offload: Offload = Offload(), share_given: float | None = None,
          kv_cache_given: bool = False, kv_cache_bytes: int | None = None) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
+    `max_num_seqs`, `max_num_batched_tokens`: vLLM's, as configured (the most requests and tokens of one step).
     `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
     `replica_gpus`: the GPUs of one rollout replica (tensor x data x pipeline parallel).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
@@ -288,19 +303,23 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                     "not in a worker process verl's `mp` would start after it")
             # vLLM's default compiles the model with torch.compile (Dynamo, then Inductor) at every server start
             # (verl turns vLLM's compile cache off, VLLM_DISABLE_COMPILE_CACHE=1, for a cache-corruption bug: vLLM
-            # issue 31199) and captures CUDA graphs of the compiled pieces. On one GPU the
-            # decode steps a rollout spends its time in are replayed as one full CUDA graph either way; what
-            # Inductor adds there is fusing the elementwise ops around the GEMMs, which vLLM's own CUDA kernels
-            # (RMSNorm, SiLU-and-mul, rotary) do without compiling. Prefill and mixed batches run eager.
+            # issue 31199) and captures CUDA graphs of the compiled pieces. On one GPU every step up to the largest
+            # capture size is replayed as one full CUDA graph instead; what Inductor adds is fusing the elementwise
+            # ops around the GEMMs, which vLLM's own CUDA kernels (RMSNorm, SiLU-and-mul, rotary) do without
+            # compiling. Mixed steps in full graphs too: a multi-turn rollout adds each trajectory's next turn to
+            # the running decode batch, about 15 such steps a rollout of the 0.6B shape, each run eager under
+            # FULL_DECODE_ONLY (docs/guides/verl.md, "Full graphs for mixed steps").
             out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", COMPILATION_CONFIG,
                     "no torch.compile at vLLM's start (with verl's compile cache off, every launch compiled: 14.5 s "
-                    "of the 0.6B shape's server start on an H100): decode runs as full CUDA graphs over vLLM's own "
-                    "kernels")
+                    "of the 0.6B shape's server start on an H100): every step, a next turn's prompt beside the "
+                    "decodes too, runs as one full CUDA graph over vLLM's own kernels")
     if concurrency > 0:
-        sizes = capture_sizes(concurrency, max_num_seqs)
+        full_mixed = vllm_request_tokens > 0 and replica_gpus == 1  # COMPILATION_CONFIG's graphs, tokens as sizes
+        sizes = capture_sizes(concurrency, max_num_seqs, max_num_batched_tokens if full_mixed else 0)
         out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
-                f"CUDA graphs for the decode batches {concurrency} concurrent trajectories reach, instead of vLLM's "
-                "~50 sizes up to 512: each size is captured twice (full and piecewise) at start-up")
+                f"CUDA graphs for the decode batches {concurrency} concurrent trajectories reach"
+                + (" and the mixed steps that add a turn's prompt to them" if full_mixed else "")
+                + ", instead of vLLM's ~50 sizes up to 512, each captured twice (full and piecewise) at start-up")
     attn = attention_implementation()
     why = ("flash-attn is installed" if attn == "flash_attention_2" else
            "no flash-attn: torch's FlashAttention varlen kernel on packed sequences (rl_factory/models/varlen_attention.py)")
