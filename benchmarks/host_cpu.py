@@ -30,6 +30,7 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in its run directory
 TOP_PROCESSES = 8  # the busiest processes a window lists
 TOP_THREADS = 4  # the busiest threads listed for each process that kept a core at least half busy
+RECHECK_S = 1.0  # how long a process found without the job's mark is taken to be outside the job
 
 
 def _stat_fields(text: str) -> list[str]:
@@ -99,7 +100,9 @@ class JobCpu:
         self.mark, self.interval, self.proc = mark, interval, proc
         self.timeline: list[dict[str, Any]] = []
         self._names: dict[int, str] = {}  # the job's pids seen so far, with their names
-        self._others: set[int] = set()  # pids seen without the mark
+        # pids seen without the mark, and when: a process between its fork and its exec still has its parent's
+        # environment, so a pid found unmarked is read again after RECHECK_S
+        self._others: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -119,16 +122,21 @@ class JobCpu:
 
         needle = f"{JOB_MARK_VAR}={self.mark}".encode()
         live = {int(p) for p in os.listdir(self.proc) if p.isdigit()} - {os.getpid()}
-        for pid in live - set(self._names) - self._others:
+        now = time.monotonic()
+        for pid in live - set(self._names):
+            if now - self._others.get(pid, -RECHECK_S) < RECHECK_S:
+                continue
             try:
                 marked = needle in Path(f"{self.proc}/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 marked = False  # gone, or not ours to read
             if marked:
                 self._names[pid] = process_name(pid, self.proc)
+                self._others.pop(pid, None)
             else:
-                self._others.add(pid)
-        self._others &= live  # a pid may come back as one of the job's
+                self._others[pid] = now
+        self._others = {pid: t for pid, t in self._others.items() if pid in live}
+        self._names = {pid: name for pid, name in self._names.items() if pid in live}  # a pid may be reused
         return sorted(live & set(self._names))
 
     def sample(self) -> dict[str, Any]:
@@ -160,33 +168,32 @@ def read_timeline(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def _edges(samples: list[dict[str, Any]], start: float, end: float) -> tuple[dict, dict] | None:
-    """The first sample at or after `start` and the last at or before `end`: the part of the window they bound is
-    all inside it, so a rollout's figures hold none of the update's or the sync's CPU time."""
-    inside = [s for s in samples if start <= s["unix"] <= end]
-    return (inside[0], inside[-1]) if len(inside) >= 2 else None
-
-
 def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str, Any] | None:
     """Each process's cores and context switches per second between the first and the last sample inside
-    [start, end], the busiest first, with its busiest threads where it kept at least half a core; and the host's
-    busy cores. None where fewer than two samples fall inside."""
-    edges = _edges(samples, start, end)
-    if edges is None:
+    [start, end] (all inside it, so a rollout's figures hold none of the update's or the sync's CPU time), the
+    busiest first, with its busiest threads where it kept at least half a core; and the host's busy cores. None
+    where fewer than two samples fall inside.
+
+    A process is measured from the first sample inside that holds it: one found late (the sampler reads a new
+    process's environment again only after RECHECK_S) had used CPU time before it was first read. A thread missing
+    from that sample was started after it, at no CPU time."""
+    inside = [s for s in samples if start <= s["unix"] <= end]
+    if len(inside) < 2 or inside[-1]["unix"] <= inside[0]["unix"]:
         return None
-    first, last = edges
+    first, last = inside[0], inside[-1]
     seconds = last["unix"] - first["unix"]
-    if seconds <= 0:
-        return None
     rows = []
     for pid, now in last["processes"].items():
-        then = first["processes"].get(pid, {"cpu_s": 0.0, "voluntary": 0, "involuntary": 0, "threads": {}})
-        cores = (now["cpu_s"] - then["cpu_s"]) / seconds
+        since = next(s for s in inside if pid in s["processes"])
+        if since is last:
+            continue
+        then, held = since["processes"][pid], last["unix"] - since["unix"]
+        cores = (now["cpu_s"] - then["cpu_s"]) / held
         row = {"pid": int(pid), "name": now["name"], "cores": round(cores, 3),
-               "voluntary_per_s": round((now["voluntary"] - then["voluntary"]) / seconds, 1),
-               "involuntary_per_s": round((now["involuntary"] - then["involuntary"]) / seconds, 1)}
+               "voluntary_per_s": round((now["voluntary"] - then["voluntary"]) / held, 1),
+               "involuntary_per_s": round((now["involuntary"] - then["involuntary"]) / held, 1)}
         if cores >= 0.5:
-            threads = [(name, (cpu - then["threads"].get(tid, [name, 0.0])[1]) / seconds)
+            threads = [(name, (cpu - then["threads"].get(tid, [name, 0.0])[1]) / held)
                        for tid, (name, cpu) in now["threads"].items()]
             row["threads"] = [{"name": n, "cores": round(c, 3)}
                               for n, c in sorted(threads, key=lambda t: -t[1])[:TOP_THREADS]]
@@ -194,7 +201,7 @@ def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str,
     rows.sort(key=lambda r: -r["cores"])
     busy = (None if first["host_busy_s"] is None or last["host_busy_s"] is None
             else round((last["host_busy_s"] - first["host_busy_s"]) / seconds, 2))
-    reads = sorted(s.get("read_s", 0.0) for s in samples if first["unix"] <= s["unix"] <= last["unix"])
+    reads = sorted(s.get("read_s", 0.0) for s in inside)
     return {"seconds": round(seconds, 2), "host_busy_cores": busy, "sampler_read_s": reads[len(reads) // 2],
             "job_cores": round(sum(r["cores"] for r in rows), 2), "processes": rows[:TOP_PROCESSES]}
 

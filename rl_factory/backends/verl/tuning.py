@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_factory.backends.verl.vllm_graphs import COMPILATION_CONFIG, capture_sizes
 from rl_factory.base.errors import UserError
 
 log = logging.getLogger("rl_factory.verl")
@@ -53,18 +54,7 @@ ASSUMED_GPU_BYTES = 80 * GIB   # when no GPU is visible here (--cfg job on a CPU
 KV_SLACK = 2
 MIN_KV_BYTES = 1 * GIB
 VLLM_RUNTIME_BYTES = 4 * GIB   # vLLM's activations, CUDA graphs and sampler beside its weights and KV cache
-# vLLM's compilation for a one-GPU replica: no torch.compile, full CUDA graphs for every batch up to the largest
-# capture size, mixed (prompt and decode) batches too (a JSON string: verl's server json-loads a string and merges
-# its own cudagraph_mode default into a dict). An attention backend that cannot replay mixed batches in a full graph
-# (FlashAttention 2, FlashInfer) makes vLLM fall back to FULL_DECODE_ONLY, with a warning in its log.
-COMPILATION_CONFIG = '{"mode": "NONE", "cudagraph_mode": "FULL"}'
-# The capture sizes of mixed batches, in tokens: a mixed step carries the decode batch and the prompts that arrived
-# since the step before (a trajectory's next turn: its tool result, the rest from the prefix cache). In the 0.6B
-# shape's rollouts (16 x 8, H200, vLLM's iteration log) 74 of 76 mixed steps a launch carried at most 1024 tokens;
-# a rollout's first prefill (128 prompts at once) carries more and runs eager. 8x the decode batch, at least 1024,
-# at most vLLM's max_num_batched_tokens.
-MIXED_GRAPH_TOKENS = 1024
-MIXED_GRAPH_FACTOR = 8
+
 
 
 @dataclass
@@ -138,17 +128,6 @@ def gpu_bytes() -> tuple[int, bool]:
 def attention_implementation() -> str:
     """flash-attn's varlen kernel where the package is installed, else ours on torch's own kernel."""
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "rl_factory_varlen"
-
-
-def capture_sizes(concurrency: int, max_num_seqs: int, max_num_batched_tokens: int = 0) -> list[int]:
-    """Powers of two up to the decode batch the rollout can reach (at most vLLM's max_num_seqs); with
-    `max_num_batched_tokens` (full graphs for mixed batches), on up to the mixed batches' tokens
-    (MIXED_GRAPH_FACTOR x that batch, at least MIXED_GRAPH_TOKENS, at most max_num_batched_tokens)."""
-    top = min(max_num_seqs, 1 << max(0, concurrency - 1).bit_length())
-    sizes = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
-    sizes = sizes if sizes[-1] == top else [*sizes, top]
-    mixed = min(max_num_batched_tokens, max(MIXED_GRAPH_TOKENS, MIXED_GRAPH_FACTOR * top))
-    return [*sizes, *(1 << k for k in range(top.bit_length(), mixed.bit_length()) if top < 1 << k <= mixed)]
 
 
 def vllm_bytes(shape: ModelShape, kv_cache: int, replica_gpus: int = 1) -> int:
