@@ -6,7 +6,10 @@ token than the same vLLM offline (58270373a9cd, docs/guides/verl.md): either the
 than a whole core (the job's other processes on the same cores: Ray's workers, the agent loops, the actor, the
 tool servers) or its steps did more work. This sampler reads, every `interval` seconds, every process of the job
 (those whose environment carries the job's mark: gpu_memory.job_processes) from /proc: CPU seconds, voluntary and
-involuntary context switches, and each thread's CPU seconds; and the host's busy cores from /proc/stat.
+involuntary context switches, and each thread's CPU seconds; and the host's busy cores from /proc/stat, with the
+share the hypervisor took for other machines (`host_steal_cores`). On an H200 (dccbb4f468e1, five launches) the
+engine core kept a whole core through every measured rollout, 16-82 involuntary switches a second, with 3-4 of the
+host's 16 cores busy: its steps are its own work, not a core shared with the job's other processes.
 
     with JobCpu(mark) as cpu:
         subprocess.run(job)
@@ -83,14 +86,16 @@ def read_process(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
             "involuntary": switches.get("nonvoluntary", 0), "threads": threads}
 
 
-def host_busy_s(proc: str = "/proc") -> float | None:
-    """The seconds all the host's cores were busy since boot (/proc/stat's cpu line, idle and iowait aside)."""
+def host_seconds(proc: str = "/proc") -> tuple[float, float] | None:
+    """The seconds all the host's cores were busy since boot, and of those the seconds the hypervisor ran something
+    else on them (/proc/stat's cpu line: idle and iowait aside; `steal`). A virtual machine whose every step slows at
+    once, vLLM's CPU-bound engine and the GPU's update alike, shows it here."""
     try:
         first = Path(f"{proc}/stat").read_text().splitlines()[0].split()
     except (OSError, IndexError):
         return None
     ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) * TICK_S
+    return (sum(ticks) - ticks[3] - ticks[4]) * TICK_S, ticks[7] * TICK_S
 
 
 class JobCpu:
@@ -149,7 +154,8 @@ class JobCpu:
                 self._names[pid] = process_name(pid, self.proc) or self._names[pid]
                 processes[str(pid)] = {"name": self._names[pid], **read}
         # read_s: what the sample itself took, the sampler's own load on the host
-        return {"unix": now, "host_busy_s": host_busy_s(self.proc), "processes": processes,
+        busy, steal = host_seconds(self.proc) or (None, None)
+        return {"unix": now, "host_busy_s": busy, "host_steal_s": steal, "processes": processes,
                 "read_s": round(time.perf_counter() - began, 4)}
 
     def _poll(self) -> None:
@@ -199,10 +205,13 @@ def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str,
                               for n, c in sorted(threads, key=lambda t: -t[1])[:TOP_THREADS]]
         rows.append(row)
     rows.sort(key=lambda r: -r["cores"])
-    busy = (None if first["host_busy_s"] is None or last["host_busy_s"] is None
-            else round((last["host_busy_s"] - first["host_busy_s"]) / seconds, 2))
+    def cores(key: str) -> float | None:
+        return (None if first.get(key) is None or last.get(key) is None
+                else round((last[key] - first[key]) / seconds, 2))
+
     reads = sorted(s.get("read_s", 0.0) for s in inside)
-    return {"seconds": round(seconds, 2), "host_busy_cores": busy, "sampler_read_s": reads[len(reads) // 2],
+    return {"seconds": round(seconds, 2), "host_busy_cores": cores("host_busy_s"),
+            "host_steal_cores": cores("host_steal_s"), "sampler_read_s": reads[len(reads) // 2],
             "job_cores": round(sum(r["cores"] for r in rows), 2), "processes": rows[:TOP_PROCESSES]}
 
 

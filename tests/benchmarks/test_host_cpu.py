@@ -42,7 +42,7 @@ def test_the_jobs_busy_process_shows_its_core_and_a_process_outside_the_job_is_n
     assert rows["processes"][0]["pid"] == busy.pid  # the busiest first
     assert by_pid[busy.pid]["name"].startswith("python") and "-c" in by_pid[busy.pid]["name"]
     assert by_pid[busy.pid]["threads"][0]["cores"] > 0.3  # its one thread did the work
-    assert rows["host_busy_cores"] >= by_pid[busy.pid]["cores"] - 0.2
+    assert rows["host_busy_cores"] >= by_pid[busy.pid]["cores"] - 0.2 and rows["host_steal_cores"] >= 0
     assert rows["sampler_read_s"] >= 0
 
 
@@ -51,6 +51,7 @@ def test_a_window_needs_two_samples_inside_it():
     assert window(samples, 10.5, 11.5) is None  # one sample inside: no interval to read
     assert window(samples, 10.0, 12.0)["seconds"] == 2.0
     assert window(samples, 10.0, 12.0)["host_busy_cores"] is None  # the host's figure where /proc/stat was unread
+    assert window(samples, 10.0, 12.0)["host_steal_cores"] is None
 
 
 def test_a_process_retitled_by_its_framework_is_named_by_its_title(tmp_path):
@@ -70,7 +71,7 @@ def test_each_steps_rollout_window_and_its_figures_come_from_the_run_directory(t
     (tmp_path / "rollouts" / "step_000003.jsonl").write_text(json.dumps({"timing": {}}) + "\n")  # no clocks
     assert rollout_windows(tmp_path, [2, 3, 4]) == {2: (100.0, 104.0)}
     proc = {"name": "VLLM::EngineCore", "voluntary": 0, "involuntary": 0, "threads": {"7": ["VLLM::EngineCor", 0.0]}}
-    samples = [{"unix": t, "host_busy_s": 4.0 * t, "read_s": 0.01,
+    samples = [{"unix": t, "host_busy_s": 4.0 * t, "host_steal_s": 0.5 * t, "read_s": 0.01,
                 "processes": {"7": {**proc, "cpu_s": 0.9 * t, "involuntary": int(10 * t),
                                     "threads": {"7": ["VLLM::EngineCor", 0.9 * t]}}}}
                for t in (99.0, 101.0, 103.0, 105.0)]
@@ -80,6 +81,7 @@ def test_each_steps_rollout_window_and_its_figures_come_from_the_run_directory(t
     assert list(got) == ["2"]  # step 3's lines say nothing of when it ran
     step = got["2"]
     assert step["seconds"] == 2.0 and step["host_busy_cores"] == 4.0 and step["job_cores"] == 0.9
+    assert step["host_steal_cores"] == 0.5
     engine = step["processes"][0]
     assert engine["name"] == "VLLM::EngineCore" and engine["cores"] == 0.9 and engine["involuntary_per_s"] == 10.0
     assert engine["threads"] == [{"name": "VLLM::EngineCor", "cores": 0.9}]
