@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import host_cpu  # noqa: E402
+
 PHASES = ("generate", "old_log_prob", "update", "update_weights")
 
 
@@ -45,6 +47,8 @@ def side(line: dict[str, Any]) -> dict[str, Any]:
             # vLLM's engine steps by kind, where the launch logged them (gpu_step.py's docstring; --common gives
             # both sides the engine argument)
             **({"engine_steps": steps} if (steps := (phases.get("generate") or {}).get("engine_steps")) else {}),
+            # the cores each process (by name) used in the rollouts: whether a setting moved vLLM's engine core
+            **({"host_cpu": cpu} if (cpu := host_cpu.summary(line.get("host_cpu_in_rollout") or {})) else {}),
             **({"ended": line["ended"]} if line.get("ended") else {})}
 
 

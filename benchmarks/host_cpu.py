@@ -242,3 +242,27 @@ def run_rollouts(run_dir: Path, steps: list[int]) -> dict[str, Any]:
         if found is not None:
             out[str(step)] = found
     return out
+
+
+def summary(per_step: dict[str, Any]) -> dict[str, Any] | None:
+    """One line over `run_rollouts`' steps: the median over the rollouts of the host's busy and stolen cores and of
+    each process name's cores (the processes of one name added up: a job runs several agent-loop workers)."""
+    import statistics
+
+    if not per_step:
+        return None
+    names: dict[str, list[float]] = {}
+    for step in per_step.values():
+        totals: dict[str, float] = {}
+        for row in step["processes"]:
+            totals[row["name"]] = totals.get(row["name"], 0.0) + row["cores"]
+        for name, cores in totals.items():
+            names.setdefault(name, []).append(cores)
+
+    def median(key: str) -> float | None:
+        values = [s[key] for s in per_step.values() if s.get(key) is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    return {"rollouts": len(per_step), "host_busy_cores": median("host_busy_cores"),
+            "host_steal_cores": median("host_steal_cores"),
+            "cores": {n: round(statistics.median(v), 2) for n, v in sorted(names.items(), key=lambda kv: -max(kv[1]))}}

@@ -1,5 +1,6 @@
 """benchmarks/ab.py on CPU: the comparison of two gpu_step lines, and both sides' commands composed."""
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -33,10 +34,26 @@ def test_b_over_a_is_each_phase_and_the_steps_ratio():
 
 def test_a_side_that_logged_vllms_iterations_carries_its_engine_steps():
     line = recorded_line()
+    line["phases"]["generate"].pop("engine_steps", None)
     logged = json.loads(json.dumps(line))
     logged["phases"]["generate"]["engine_steps"] = {"steps": 1900, "mixed": {"steps": 40}}
     assert ab.side(logged)["engine_steps"]["mixed"]["steps"] == 40
     assert "engine_steps" not in ab.side(line)  # a launch that did not ask vLLM for them
+
+
+def test_a_side_carries_the_cores_its_rollouts_used_by_process_name():
+    line = recorded_line()  # an H200 launch sampled by host_cpu.py
+    assert line.get("host_cpu_in_rollout"), "the newest 0.6B launch was sampled"
+    cpu = ab.side(line)["host_cpu"]
+    assert cpu["rollouts"] == len(line["host_cpu_in_rollout"])
+    busiest = next(iter(cpu["cores"]))
+    assert busiest == "VLLM::EngineCore" and 0.9 < cpu["cores"][busiest] < 1.1  # one core: vLLM's engine thread
+    # the agent-loop workers of one name are added up, each rollout's, then the median over the rollouts
+    workers = [sum(r["cores"] for r in step["processes"] if r["name"] == "ray::AgentLoopWorkerPrestarted")
+               for step in line["host_cpu_in_rollout"].values()]
+    assert cpu["cores"]["ray::AgentLoopWorkerPrestarted"] == round(statistics.median(workers), 2)
+    unsampled = {k: v for k, v in line.items() if k != "host_cpu_in_rollout"}
+    assert "host_cpu" not in ab.side(unsampled)  # a launch from before the sampler
 
 
 def test_a_joined_line_compares_its_own_launch():
