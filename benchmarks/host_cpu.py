@@ -34,6 +34,10 @@ HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in i
 TOP_PROCESSES = 8  # the busiest processes a window lists
 TOP_THREADS = 4  # the busiest threads listed for each process that kept a core at least half busy
 RECHECK_S = 1.0  # how long a process found without the job's mark is taken to be outside the job
+# a process's threads are read where it used at least this share of a core since the sample before: the job's ~40
+# processes hold ~2,000 threads (Ray's and torch's pools), and reading every one of them every 0.25 s wrote 15 MB
+# over a 90-s job
+THREADS_MIN_CORES = 0.2
 
 
 def _stat_fields(text: str) -> list[str]:
@@ -60,8 +64,8 @@ def process_name(pid: int, proc: str = "/proc") -> str:
     return " ".join(Path(w).name if i == 0 else w for i, w in enumerate(words[:2]))[:60]
 
 
-def read_process(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
-    """One process's CPU seconds, context switches and threads' CPU seconds (None: gone)."""
+def read_process(pid: int, proc: str = "/proc", threads: bool = True) -> dict[str, Any] | None:
+    """One process's CPU seconds, context switches and (`threads`) its threads' CPU seconds (None: gone)."""
     try:
         fields = _stat_fields(Path(f"{proc}/{pid}/stat").read_text())
         status = Path(f"{proc}/{pid}/status").read_text()
@@ -72,18 +76,22 @@ def read_process(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
         key, _, value = line.partition(":")
         if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
             switches[key.split("_")[0]] = int(value)
-    threads = {}
-    try:
-        for tid in os.listdir(f"{proc}/{pid}/task"):
-            try:
-                text = Path(f"{proc}/{pid}/task/{tid}/stat").read_text()
-            except OSError:
-                continue
-            threads[tid] = [text[text.index("(") + 1:text.rindex(")")], _cpu_s(_stat_fields(text))]
-    except OSError:
-        pass
-    return {"cpu_s": _cpu_s(fields), "voluntary": switches.get("voluntary", 0),
-            "involuntary": switches.get("nonvoluntary", 0), "threads": threads}
+    out = {"cpu_s": round(_cpu_s(fields), 3), "voluntary": switches.get("voluntary", 0),
+           "involuntary": switches.get("nonvoluntary", 0)}
+    if threads:
+        out["threads"] = {}
+        try:
+            for tid in os.listdir(f"{proc}/{pid}/task"):
+                try:
+                    text = Path(f"{proc}/{pid}/task/{tid}/stat").read_text()
+                except OSError:
+                    continue
+                cpu = round(_cpu_s(_stat_fields(text)), 3)
+                if cpu > 0:  # a pool's threads that never ran: missing reads as none, as it should
+                    out["threads"][tid] = [text[text.index("(") + 1:text.rindex(")")], cpu]
+        except OSError:
+            pass
+    return out
 
 
 def host_seconds(proc: str = "/proc") -> tuple[float, float] | None:
@@ -105,6 +113,7 @@ class JobCpu:
         self.mark, self.interval, self.proc = mark, interval, proc
         self.timeline: list[dict[str, Any]] = []
         self._names: dict[int, str] = {}  # the job's pids seen so far, with their names
+        self._cpu: dict[int, tuple[float, float]] = {}  # each one's CPU seconds at the sample before
         # pids seen without the mark, and when: a process between its fork and its exec still has its parent's
         # environment, so a pid found unmarked is read again after RECHECK_S
         self._others: dict[int, float] = {}
@@ -142,17 +151,24 @@ class JobCpu:
                 self._others[pid] = now
         self._others = {pid: t for pid, t in self._others.items() if pid in live}
         self._names = {pid: name for pid, name in self._names.items() if pid in live}  # a pid may be reused
+        self._cpu = {pid: read for pid, read in self._cpu.items() if pid in live}
         return sorted(live & set(self._names))
 
     def sample(self) -> dict[str, Any]:
         began, now = time.perf_counter(), time.time()
         processes = {}
         for pid in self._job_pids():
-            read = read_process(pid, self.proc)
-            if read is not None:
-                # a process retitles itself after its start (Ray's workers, vLLM's engine core): read its name again
-                self._names[pid] = process_name(pid, self.proc) or self._names[pid]
-                processes[str(pid)] = {"name": self._names[pid], **read}
+            read = read_process(pid, self.proc, threads=False)
+            if read is None:
+                continue
+            before = self._cpu.get(pid)  # (unix, cpu_s) at the sample before
+            if before is not None and read["cpu_s"] - before[1] >= THREADS_MIN_CORES * (now - before[0]):
+                read = read_process(pid, self.proc) or read
+            self._cpu[pid] = (now, read["cpu_s"])
+            # a process retitles itself after its start (Ray's workers, vLLM's engine core): read its name again
+            name = process_name(pid, self.proc)
+            self._names[pid] = name if name != "?" else self._names[pid]
+            processes[str(pid)] = {"name": self._names[pid], **read}
         # read_s: what the sample itself took, the sampler's own load on the host
         busy, steal = host_seconds(self.proc) or (None, None)
         return {"unix": now, "host_busy_s": busy, "host_steal_s": steal, "processes": processes,
@@ -181,8 +197,9 @@ def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str,
     where fewer than two samples fall inside.
 
     A process is measured from the first sample inside that holds it: one found late (the sampler reads a new
-    process's environment again only after RECHECK_S) had used CPU time before it was first read. A thread missing
-    from that sample was started after it, at no CPU time."""
+    process's environment again only after RECHECK_S) had used CPU time before it was first read. Its threads are
+    measured from the first sample inside that read them (the sampler reads a busy process's threads only); a thread
+    missing from that sample was started after it, at no CPU time."""
     inside = [s for s in samples if start <= s["unix"] <= end]
     if len(inside) < 2 or inside[-1]["unix"] <= inside[0]["unix"]:
         return None
@@ -198,8 +215,11 @@ def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str,
         row = {"pid": int(pid), "name": now["name"], "cores": round(cores, 3),
                "voluntary_per_s": round((now["voluntary"] - then["voluntary"]) / held, 1),
                "involuntary_per_s": round((now["involuntary"] - then["involuntary"]) / held, 1)}
-        if cores >= 0.5:
-            threads = [(name, (cpu - then["threads"].get(tid, [name, 0.0])[1]) / held)
+        # its threads, between the first sample inside that read them and the last, where both did
+        read = next((s for s in inside if "threads" in s["processes"].get(pid, {})), None)
+        if cores >= 0.5 and "threads" in now and read is not None and read is not last:
+            before, span = read["processes"][pid]["threads"], last["unix"] - read["unix"]
+            threads = [(name, (cpu - before.get(tid, [name, 0.0])[1]) / span)
                        for tid, (name, cpu) in now["threads"].items()]
             row["threads"] = [{"name": n, "cores": round(c, 3)}
                               for n, c in sorted(threads, key=lambda t: -t[1])[:TOP_THREADS]]

@@ -42,6 +42,10 @@ def test_the_jobs_busy_process_shows_its_core_and_a_process_outside_the_job_is_n
     assert rows["processes"][0]["pid"] == busy.pid  # the busiest first
     assert by_pid[busy.pid]["name"].startswith("python") and "-c" in by_pid[busy.pid]["name"]
     assert by_pid[busy.pid]["threads"][0]["cores"] > 0.3  # its one thread did the work
+    # threads are read for a busy process only: the job's thread pools would fill the file otherwise
+    held = [s["processes"] for s in cpu.timeline]
+    assert any("threads" in p.get(str(busy.pid), {}) for p in held)
+    assert not any("threads" in p.get(str(idle.pid), {}) for p in held) and "threads" not in by_pid[idle.pid]
     assert rows["host_busy_cores"] >= by_pid[busy.pid]["cores"] - 0.2 and rows["host_steal_cores"] >= 0
     assert rows["sampler_read_s"] >= 0
 

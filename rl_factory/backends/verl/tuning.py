@@ -56,7 +56,6 @@ MIN_KV_BYTES = 1 * GIB
 VLLM_RUNTIME_BYTES = 4 * GIB   # vLLM's activations, CUDA graphs and sampler beside its weights and KV cache
 
 
-
 @dataclass
 class ModelShape:
     params: int
