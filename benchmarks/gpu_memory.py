@@ -157,20 +157,22 @@ def per_step(samples: list[dict[str, Any]], step_end_unix: dict[int, float], ste
     return out
 
 
-class DevicePeak:
-    """Samples the device's used memory, clocks, power and throttle reasons (and the host's load) in a thread
-    between __enter__ and __exit__."""
+class Sampler:
+    """Calls `sample_once` every `interval` seconds in a thread between __enter__ and __exit__, where `available()`
+    (the tool or the files it reads exist here)."""
 
-    def __init__(self, interval: float = 0.5, index: str | None = None):
-        self.interval, self.index = interval, index or gpu_index()
-        self.samples: list[float] = []
-        self.timeline: list[dict[str, Any]] = []  # each sample, with its unix time and the host's 1-minute load
-        self.total: float | None = None
+    interval: float = 0.5
+
+    def available(self) -> bool:
+        return True
+
+    def sample_once(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> "DevicePeak":
-        if shutil.which("nvidia-smi") is not None:
+        if self.available():
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
         return self
@@ -181,16 +183,33 @@ class DevicePeak:
             self._thread.join(timeout=15)
 
     def _poll(self) -> None:
-        fields = None
         while True:
-            read, answered = read_device(self.index, fields)
-            fields = fields or answered  # the fields the driver answered first, from then on
-            if read is not None:
-                self.samples.append(read["used"])
-                self.total = read["total"]
-                self.timeline.append({**read, "unix": time.time(), "load_1m": os.getloadavg()[0]})
+            self.sample_once()
             if self._stop.wait(self.interval):
                 return
+
+
+class DevicePeak(Sampler):
+    """Samples the device's used memory, clocks, power and throttle reasons (and the host's load) in a thread
+    between __enter__ and __exit__."""
+
+    def __init__(self, interval: float = 0.5, index: str | None = None):
+        self.interval, self.index = interval, index or gpu_index()
+        self.samples: list[float] = []
+        self.timeline: list[dict[str, Any]] = []  # each sample, with its unix time and the host's 1-minute load
+        self.total: float | None = None
+        self._fields: tuple[str, ...] | None = None  # the fields the driver answered first, from then on
+
+    def available(self) -> bool:
+        return shutil.which("nvidia-smi") is not None
+
+    def sample_once(self) -> None:
+        read, answered = read_device(self.index, self._fields)
+        self._fields = self._fields or answered
+        if read is not None:
+            self.samples.append(read["used"])
+            self.total = read["total"]
+            self.timeline.append({**read, "unix": time.time(), "load_1m": os.getloadavg()[0]})
 
     def write_timeline(self, path: Path) -> None:
         """Every sample, one JSON line each (a run directory's `device_timeline.jsonl`)."""

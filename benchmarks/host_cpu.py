@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.gpu_memory import JOB_MARK_VAR, Sampler
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in its run directory
@@ -106,7 +107,7 @@ def host_seconds(proc: str = "/proc") -> tuple[float, float] | None:
     return (sum(ticks) - ticks[3] - ticks[4]) * TICK_S, ticks[7] * TICK_S
 
 
-class JobCpu:
+class JobCpu(Sampler):
     """Samples the job's processes (found by their environment's mark) in a thread between __enter__ and __exit__."""
 
     def __init__(self, mark: str, interval: float = 0.25, proc: str = "/proc"):
@@ -117,23 +118,11 @@ class JobCpu:
         # pids seen without the mark, and when: a process between its fork and its exec still has its parent's
         # environment, so a pid found unmarked is read again after RECHECK_S
         self._others: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "JobCpu":
-        if os.path.isdir(f"{self.proc}/self/task"):
-            self._thread = threading.Thread(target=self._poll, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=15)
+    def available(self) -> bool:
+        return os.path.isdir(f"{self.proc}/self/task")
 
     def _job_pids(self) -> list[int]:
-        from benchmarks.gpu_memory import JOB_MARK_VAR
-
         needle = f"{JOB_MARK_VAR}={self.mark}".encode()
         live = {int(p) for p in os.listdir(self.proc) if p.isdigit()} - {os.getpid()}
         now = time.monotonic()
@@ -174,11 +163,8 @@ class JobCpu:
         return {"unix": now, "host_busy_s": busy, "host_steal_s": steal, "processes": processes,
                 "read_s": round(time.perf_counter() - began, 4)}
 
-    def _poll(self) -> None:
-        while True:
-            self.timeline.append(self.sample())
-            if self._stop.wait(self.interval):
-                return
+    def sample_once(self) -> None:
+        self.timeline.append(self.sample())
 
     def write_timeline(self, path: Path) -> None:
         """Every sample, one JSON line each (a run directory's `host_cpu.jsonl`)."""
