@@ -8,9 +8,11 @@ ceiling takes the rollout's engine arguments, so it logs the same lines into `ce
 
     Iteration(412): 3 context requests, 96 context tokens, 125 generation requests, 125 generation tokens, iteration elapsed time: 0.41 ms
 
-A step with context (prompt) tokens and generation tokens together is mixed: under `FULL_DECODE_ONLY` it runs without
-CUDA graphs. The elapsed time is only how long the engine waited for that step's result (with async scheduling the
-next step is scheduled while this one runs): near zero where the engine's own Python, not the GPU, sets the pace.
+A step with context (prompt) tokens and generation tokens together is mixed: under `FULL_DECODE_ONLY` it runs
+without CUDA graphs, under `FULL` (the tuning's, rl_factory/backends/verl/vllm_graphs.py) as one graph up to the
+largest capture size. The elapsed time is only how long the engine waited for that step's result (with async
+scheduling the next step is scheduled while this one runs): near zero where the engine's own Python, not the GPU,
+sets the pace.
 One JSON line per log: the steps by kind (decode-only, prefill-only, mixed), each kind's median and total wait, the
 largest batch, and for a job's log the steps per rollout where the number of rollouts is given (`--rollouts`).
 """
