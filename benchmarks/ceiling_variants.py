@@ -3,12 +3,15 @@ then again with each argument back at vLLM's default, one at a time, on the same
 
     python benchmarks/ceiling_variants.py outputs/gpu_suite            # after a gpu_step.py launch with ceilings
     python benchmarks/ceiling_variants.py outputs/gpu_suite --only logprobs_mode enable_sleep_mode
+    python benchmarks/ceiling_variants.py outputs/gpu_suite --only --set \
+        'compiled={"compilation_config": {"mode": "VLLM_COMPILE", "cudagraph_mode": "FULL"}}'
 
 gpu_step.py keeps the spec of its `vllm_configured` ceiling (`ceiling-vllm_configured.spec.json`: the model, the step's
 requests, the engine arguments). Each variant runs benchmarks/ceilings.py in a fresh process on the same GPU, with
 that argument dropped (vLLM's default) and the rest as configured, and reports the median of its timed runs beside
-the configured one's: a variant faster than `configured` names an argument that costs generation. Prints one JSON
-line.
+the configured one's: a variant faster than `configured` names an argument that costs generation. `--set NAME=JSON`
+adds a variant of its own: those engine arguments over the configured ones (a key inside `compilation_config` replaces
+only that key; null drops an argument). Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -28,23 +31,46 @@ ARGUMENTS = ("logprobs_mode", "enable_sleep_mode", "compilation_config", "kv_cac
              "max_num_batched_tokens", "stream_interval", "distributed_executor_backend")
 
 
-def variants(engine_args: dict, only: list[str] | None = None) -> dict[str, dict]:
-    """name -> engine arguments: `configured` as given, then `without_<arg>` for each argument the spec sets."""
+def variants(engine_args: dict, only: list[str] | None = None, sets: dict[str, dict] | None = None) -> dict[str, dict]:
+    """name -> engine arguments: `configured` as given, then `without_<arg>` for each argument the spec sets (each
+    of `only`, where given: an empty list runs none), then each of `sets` over the configured arguments."""
     out = {"configured": dict(engine_args)}
-    for arg in only or ARGUMENTS:
+    for arg in ARGUMENTS if only is None else only:
         if arg in engine_args:
             out[f"without_{arg}"] = {k: v for k, v in engine_args.items() if k != arg}
+    for name, changes in (sets or {}).items():
+        args = dict(engine_args)
+        for key, value in changes.items():
+            if key == "compilation_config" and isinstance(value, dict):  # the capture sizes stay as configured
+                value = {**dict(args.get(key) or {}), **value}
+            args[key] = value
+        out[name] = {k: v for k, v in args.items() if v is not None}
     return out
+
+
+def parse_set(text: str) -> tuple[str, dict]:
+    """`NAME=JSON` (a JSON object of engine arguments) -> (name, arguments); a clear error names the bad part."""
+    name, sep, value = text.partition("=")
+    try:
+        changes = json.loads(value) if sep and name else None
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: the part after '=' is not JSON ({e})") from e
+    if not isinstance(changes, dict):
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected NAME={{...engine arguments as a JSON object}}")
+    return name, changes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the gpu_step.py --out directory holding ceiling-vllm_configured.spec.json")
-    ap.add_argument("--only", nargs="*", help="these arguments only (default: every one the spec sets)")
+    ap.add_argument("--only", nargs="*", help="these arguments only (default: every one the spec sets; none: no "
+                    "`without_` variant)")
+    ap.add_argument("--set", dest="sets", action="append", type=parse_set, default=[], metavar="NAME=JSON",
+                    help="a variant of its own: these engine arguments over the configured ones (repeatable)")
     args = ap.parse_args()
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
-    for name, engine_args in variants(spec["engine_args"], args.only).items():
+    for name, engine_args in variants(spec["engine_args"], args.only, dict(args.sets)).items():
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
         result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "without_logprobs": False},
                                  args.out / name)

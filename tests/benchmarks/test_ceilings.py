@@ -212,6 +212,25 @@ def test_each_variant_puts_one_configured_argument_back_at_vllms_default():
                                                                                        "without_stream_interval"}
 
 
+def test_a_set_variant_puts_its_own_arguments_over_the_configured_ones():
+    import argparse
+
+    from benchmarks.ceiling_variants import parse_set, variants
+
+    configured = {"logprobs_mode": "processed_logprobs", "enable_sleep_mode": True,
+                  "compilation_config": {"mode": "NONE", "cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2]}}
+    name, changes = parse_set('compiled={"compilation_config": {"mode": "VLLM_COMPILE"}, "logprobs_mode": null}')
+    runs = variants(configured, [], {name: changes})
+    assert set(runs) == {"configured", "compiled"}  # an empty --only: no without_ variant
+    # a key inside the compilation config replaces that key only: the capture sizes stay as configured
+    assert runs["compiled"] == {"enable_sleep_mode": True, "compilation_config": {
+        "mode": "VLLM_COMPILE", "cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2]}}
+    assert runs["configured"] == configured and configured["compilation_config"]["mode"] == "NONE"
+    for bad, says in (("compiled", "expected NAME="), ("x={mode: 1}", "not JSON"), ("=[1]", "expected NAME=")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            parse_set(bad)
+
+
 def test_each_variant_runs_the_configured_ceiling_with_its_own_arguments(tmp_path):
     """The script end to end on a CPU machine: each variant reaches vLLM in a ceiling process of its own (which
     this machine lacks: the error is vLLM's import), with its spec kept in a directory of its own."""
