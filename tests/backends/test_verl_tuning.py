@@ -188,7 +188,7 @@ def test_vllm_kv_cache_holds_the_steps_trajectories_instead_of_filling_its_memor
     assert key not in _values(None, **job)  # shape unknown
 
 
-def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_16k_token_micro_batches_beside_it():
+def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_8k_token_micro_batches_beside_it():
     awake, budget = "actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
     job = dict(concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
     v = _values(QWEN3_06B, **job)
@@ -197,8 +197,12 @@ def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_16k_token_micro
     assert v["actor_rollout_ref.model.enable_gradient_checkpointing"] is False
     asleep = _values(QWEN3_06B, **job, free_cache_engine=True)  # given on the command line: the trainer gets it all
     assert awake not in asleep and asleep[budget] == 32768
-    # an 80 GB GPU would have to checkpoint or go under 16k tokens beside vLLM: it sleeps, verl's default
+    # on an 80 GB GPU, 1536-token trajectories' 42 GiB of KV cache would leave the trainer under 8k tokens without
+    # checkpointing: vLLM sleeps, verl's default; 512-token ones' 14 GiB leave it 8k-16k, and vLLM stays awake
     assert awake not in _values(QWEN3_06B, **job, gpu_total=80 * GIB)
+    short = _values(QWEN3_06B, **{**job, "longest_sequence": 512}, gpu_total=80 * GIB)
+    assert short[awake] is False and 8192 <= short[budget] < 16384
+    assert short["actor_rollout_ref.model.enable_gradient_checkpointing"] is False
     # the 4B checkpoints on one H200 anyway: the trainer takes vLLM's memory every step
     assert awake not in _values(QWEN3_4B, **job)
     # vLLM sizing its cache from its whole share (256 trajectories) leaves nothing to plan the trainer on
@@ -217,7 +221,7 @@ def test_vllm_kept_awake_on_the_command_line_leaves_the_trainer_what_it_holds_aw
     awake = _values(QWEN3_06B, **job, gpu_total=H100, free_cache_engine=False)
     held = 2 * QWEN3_06B.params + awake["actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"] \
         + VLLM_RUNTIME_BYTES
-    # what is left beside vLLM holds fewer than 16k tokens without checkpointing: the trainer checkpoints
+    # what is left beside vLLM holds fewer than 8k tokens without checkpointing: the trainer checkpoints
     assert asleep[ckpt] is False and awake[ckpt] is True
     # the awake micro-batch's activations and vLLM fit in what the asleep one had (its budget: under 20k+1 tokens)
     per_token = QWEN3_06B.activation_bytes_per_token
@@ -435,11 +439,13 @@ def test_the_two_gpu_benchmark_commands_compose_and_pass_verls_checks(tmp_path, 
     assert sizes[-1] == (top_graph if args.tp > 1 else max(1024, 8 * top_graph))
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
-    # 128 trajectories a replica or fewer: their KV cache is planned and vLLM stays awake beside the trainer, whose
-    # micro-batches shrink to what is left; 256 fill vLLM's share, which must go back to the trainer every step
+    # each replica's trajectories at `rollout.max_total_tokens` (512, the prompt included), twice over: the KV cache
+    # is planned and vLLM stays awake beside the trainer, whose micro-batches shrink to what is left
+    kv = 2 * top_graph * 512 * (2 * 28 * 1024 * 2)
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == kv
     tokens = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
-    assert cfg.actor_rollout_ref.rollout.free_cache_engine is (top_graph == 256)
-    assert tokens == 32768 if top_graph == 256 else 16384 <= tokens < 32768
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
+    assert 16384 <= tokens <= 32768
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval == cfg.data.max_response_length
     executor = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend")
     assert executor == ("uni" if args.tp == 1 else None)
@@ -527,7 +533,18 @@ def test_a_kv_cache_given_on_the_command_line_reaches_the_plan_and_a_size_vllm_c
         return compose_verl(absolute(parse(load_config("grpo", ours))), raw,
                             {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(model))
 
-    assert compose().actor_rollout_ref.rollout.free_cache_engine is True  # the plan's 42 GiB: vLLM sleeps (verl's)
+    # the step's 128 trajectories of 512 tokens (rollout.max_total_tokens), twice over: 14 GiB of KV cache leave the
+    # trainer 8k-16k tokens a micro-batch beside vLLM awake, without checkpointing
+    own = compose()
+    assert own.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 2 * 128 * 512 * (2 * 28 * 1024 * 2)
+    assert own.actor_rollout_ref.rollout.free_cache_engine is False
+    assert own.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert 8192 <= own.actor_rollout_ref.actor.ppo_max_token_len_per_gpu < 16384
+    # verl's own agent loop is held to verl's padded lengths only (1024 + 512): 42 GiB of KV cache, and vLLM sleeps
+    verls = compose("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent")
+    verls_kv = verls.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes
+    assert verls_kv == 2 * 128 * 1536 * (2 * 28 * 1024 * 2)
+    assert verls.actor_rollout_ref.rollout.free_cache_engine is True
     given = compose(f"+{key}={2 * GIB}")
     assert given.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 2 * GIB
     assert given.actor_rollout_ref.rollout.free_cache_engine is False  # awake beside the 2 GiB given
@@ -535,6 +552,9 @@ def test_a_kv_cache_given_on_the_command_line_reaches_the_plan_and_a_size_vllm_c
     from rl_factory.backends.verl.validate import check_verl_config
 
     unusable = compose(f"+{key}=16G")
-    assert unusable.actor_rollout_ref.rollout.free_cache_engine is True  # planned as if not given
+    # planned as if not given: awake, with the trainer's micro-batches beside the plan's own 14 GiB
+    assert unusable.actor_rollout_ref.rollout.free_cache_engine is False
+    assert unusable.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == \
+        own.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
     with pytest.raises(ConfigError, match=rf"^{key}='16G': must be null or an integer >= 1$"):
         check_verl_config(unusable)

@@ -184,7 +184,7 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     for key, value in sampler_values(cfg, given).items():  # verl's replay buffer, polling every 50 ms
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-    tuned = performance_plan(cfg, model_path, given)
+    tuned = performance_plan(cfg, model_path, given, trajectory_tokens=ours.rollout.max_total_tokens)
     for key, value in tuned.values.items():
         if not _given(key, given):
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
@@ -232,14 +232,16 @@ def _add_external_lib(cfg: DictConfig, prefix: str, given: set[str]) -> None:
         OmegaConf.update(cfg, key, [VARLEN_MODULE, *libs], merge=False, force_add=True)
 
 
-def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozenset()) -> Plan:
+def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozenset(),
+                     trajectory_tokens: int | None = None) -> Plan:
     """The tuned settings for this model and GPU (rl_factory/backends/verl/tuning.py); `given`: the keys set on
-    the command line (a given free_cache_engine decides whether vLLM sleeps, and the budgets follow it)."""
+    the command line (a given free_cache_engine decides whether vLLM sleeps, and the budgets follow it);
+    `trajectory_tokens`: our rollout's cap on a whole trajectory (`rollout.max_total_tokens`)."""
     shape = None if model_path.startswith("builtin:") else ModelShape.from_path(model_path)
     total, _measured = gpu_bytes()
     try:
         return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
-                    longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
+                    longest_sequence=longest_sequence(cfg, trajectory_tokens),
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     max_num_batched_tokens=int(cfg.actor_rollout_ref.rollout.max_num_batched_tokens),
@@ -253,6 +255,16 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     **_vllm_memory_given(cfg, given))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def longest_sequence(cfg: DictConfig, trajectory_tokens: int | None) -> int:
+    """The most tokens one trajectory holds, in vLLM's KV cache and in a training micro-batch: verl pads to
+    max_prompt_length + max_response_length, but our agent loop ends a trajectory at `rollout.max_total_tokens`,
+    prompt included (rl_factory/context.py), so the 0.6B shape's trajectories are 512 tokens, not 1536. verl's own
+    agent loops are held to verl's lengths only."""
+    padded = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    ours = OmegaConf.select(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop") == AGENT_NAME
+    return min(padded, int(trajectory_tokens)) if ours and trajectory_tokens else padded
 
 
 def _vllm_memory_given(cfg: DictConfig, given: set[str]) -> dict[str, Any]:

@@ -20,7 +20,8 @@ keeps them):
              (both times ACTIVATION_SLACK)
 The token budget of a micro-batch is what fits in `MEMORY_FRACTION` of the GPU after the static part;
 checkpointing is switched on only when that budget without it would be below `MIN_TOKENS_PER_MICRO`
-(or below the longest sequence). These are estimates, not measurements: the README's GPU table gives
+(or below the longest sequence). vLLM stays awake between rollouts where, beside its weights, its planned KV
+cache and its runtime, the trainer keeps `AWAKE_MIN_TOKENS_PER_MICRO` tokens without checkpointing. These are estimates, not measurements: the README's GPU table gives
 what was measured with them.
 """
 from __future__ import annotations
@@ -40,6 +41,12 @@ GIB = 1024**3
 MEMORY_FRACTION = 0.85         # of the GPU, for the trainer while vLLM sleeps
 CUDA_CONTEXT_BYTES = 3 * GIB   # per process: CUDA context, NCCL buffers, allocator slack
 MIN_TOKENS_PER_MICRO = 16384   # below this, kernels run too small to keep an H100-class GPU busy
+# vLLM stays awake where the trainer keeps this many tokens a micro-batch beside it without checkpointing. Asleep,
+# every step frees and maps again vLLM's weights and KV cache and empties the actor's CUDA cache: the 0.6B shape's
+# weight sync took 0.41 s asleep on an H100 (f909fb425cfc) against 0.10 s awake on an H200 (dccbb4f468e1), its
+# update 0.57 of plain forward+backward against 0.78, and TRL keeps its colocated vLLM awake on both. A smaller
+# micro-batch costs one more pass's kernel launches over the same tokens, not compute.
+AWAKE_MIN_TOKENS_PER_MICRO = 8192
 MAX_TOKENS_PER_MICRO = 32768   # above this, fewer micro-batches buy nothing
 # The per-token formula counts the tensors a decoder layer saves in bf16; RMSNorm's fp32 upcasts,
 # the rotated q/k copies and allocator fragmentation roughly double it in practice.
@@ -140,14 +147,19 @@ def awake_budget(shape: ModelShape, budget: int, checkpointing: bool, need: int,
 
     Awake, vLLM keeps its weights, its KV cache and its runtime (`kv_cache`: the KV bytes planned; None when vLLM
     sizes its cache from its whole share, which leaves the trainer too little to plan on). It stays awake only
-    where the trainer loses nothing that matters: no gradient checkpointing, and still `need` tokens (16k, or the
-    longest sequence) a micro-batch. Where memory is tight (a 4B model on one GPU checkpoints), the trainer gets
-    vLLM's memory back every step, as verl does by default.
+    where the trainer loses nothing that matters: no gradient checkpointing, and still `need` tokens
+    (`awake_need`: 8k, or the longest sequence) a micro-batch. Where memory is tight (a 4B model on one GPU
+    checkpoints), the trainer gets vLLM's memory back every step, as verl does by default.
     """
     if kv_cache is None or checkpointing:
         return None
     awake = budget - vllm_bytes(shape, kv_cache)
     return awake if awake // shape.activation_bytes_per_token(False) >= need else None
+
+
+def awake_need(longest_sequence: int) -> int:
+    """Tokens a micro-batch must still hold without checkpointing for vLLM to stay awake beside the trainer."""
+    return max(AWAKE_MIN_TOKENS_PER_MICRO, longest_sequence)
 
 
 def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: float, kv_cache: int | None,
@@ -170,7 +182,8 @@ def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: 
             f"the update, leaving the trainer {max(0, awake) / GIB:.1f} GiB beside its {static / GIB:.0f} GiB of "
             f"training state: not one {longest_sequence}-token sequence fits. Let vLLM sleep between rollouts (drop "
             f"free_cache_engine=false){less}")
-    checkpointing = awake // shape.activation_bytes_per_token(False) < need
+    # the micro-batch the plan keeps vLLM awake beside by itself: no checkpointing where it fits
+    checkpointing = awake // shape.activation_bytes_per_token(False) < awake_need(longest_sequence)
     return awake, checkpointing, (f"{awake / GIB:.0f} GiB left for activations beside vLLM kept awake "
                                   f"({held / GIB:.0f} GiB) and {static / GIB:.0f} GiB of training state")
 
@@ -356,15 +369,16 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
         budget, checkpointing, fits = beside_awake_vllm(shape, budget, static, share * gpu_total, kv_cache,
                                                         longest_sequence, need)
         no_ckpt = budget // shape.activation_bytes_per_token(False)
-    awake = awake_budget(shape, budget, checkpointing, need, kv_cache) if free_cache_engine is None else None
+    awake = awake_budget(shape, budget, checkpointing, awake_need(longest_sequence), kv_cache) \
+        if free_cache_engine is None else None
     if awake is not None:
         # verl's default (free_cache_engine=true) puts vLLM to sleep after every rollout and wakes it at every weight
         # sync: its weights and KV cache are freed and mapped again, and the actor's CUDA cache is emptied for them
         budget = awake
         fits = f"{budget / GIB:.0f} GiB left for activations beside vLLM and {static / GIB:.0f} GiB of training state"
         out.set("actor_rollout_ref.rollout.free_cache_engine", False,
-                f"vLLM stays awake between rollouts ({fits}, still {need} tokens a micro-batch without "
-                "checkpointing): no step frees its weights and KV cache and maps them again")
+                f"vLLM stays awake between rollouts ({fits}, still {awake_need(longest_sequence)} tokens a "
+                "micro-batch without checkpointing): no step frees its weights and KV cache and maps them again")
     tokens = budget // shape.activation_bytes_per_token(checkpointing)
     tokens = max(longest_sequence, min(MAX_TOKENS_PER_MICRO, tokens))
     out.set("actor_rollout_ref.model.enable_gradient_checkpointing", checkpointing,
