@@ -21,8 +21,8 @@ keeps them):
 The token budget of a micro-batch is what fits in `MEMORY_FRACTION` of the GPU after the static part;
 checkpointing is switched on only when that budget without it would be below `MIN_TOKENS_PER_MICRO`
 (or below the longest sequence). vLLM stays awake between rollouts where, beside its weights, its planned KV
-cache and its runtime, the trainer keeps `AWAKE_MIN_TOKENS_PER_MICRO` tokens without checkpointing. These are estimates, not measurements: the README's GPU table gives
-what was measured with them.
+cache and its runtime, the trainer keeps `AWAKE_MIN_TOKENS_PER_MICRO` tokens without checkpointing. These are
+estimates, not measurements: the README's GPU table gives what was measured with them.
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def awake_need(longest_sequence: int) -> int:
 
 
 def beside_awake_vllm(shape: ModelShape, budget: int, static: int, share_bytes: float, kv_cache: int | None,
-                      longest_sequence: int, need: int) -> tuple[int, bool, str]:
+                      longest_sequence: int) -> tuple[int, bool, str]:
     """The trainer's activation budget, whether it checkpoints, and why, where the command line keeps vLLM awake
     (`rollout.free_cache_engine=false`): beside vLLM's weights, KV cache and runtime, or its whole share where vLLM
     sizes its cache from it. A budget planned as if vLLM slept ran the 0.6B shape's first update out of memory on
@@ -367,7 +367,7 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                     "verl's prefix-cache reset walks at each weight sync")
     if free_cache_engine is False:  # kept awake on the command line: the trainer plans beside vLLM, whatever it costs
         budget, checkpointing, fits = beside_awake_vllm(shape, budget, static, share * gpu_total, kv_cache,
-                                                        longest_sequence, need)
+                                                        longest_sequence)
         no_ckpt = budget // shape.activation_bytes_per_token(False)
     awake = awake_budget(shape, budget, checkpointing, awake_need(longest_sequence), kv_cache) \
         if free_cache_engine is None else None
