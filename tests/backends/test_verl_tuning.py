@@ -200,9 +200,13 @@ def test_vllm_stays_awake_only_where_the_trainer_keeps_unchecked_8k_token_micro_
     # on an 80 GB GPU, 1536-token trajectories' 42 GiB of KV cache would leave the trainer under 8k tokens without
     # checkpointing: vLLM sleeps, verl's default; 512-token ones' 14 GiB leave it 8k-16k, and vLLM stays awake
     assert awake not in _values(QWEN3_06B, **job, gpu_total=80 * GIB)
-    short = _values(QWEN3_06B, **{**job, "longest_sequence": 512}, gpu_total=80 * GIB)
+    short = _values(QWEN3_06B, **job, trajectory_tokens=512, gpu_total=80 * GIB)
     assert short[awake] is False and 8192 <= short[budget] < 16384
     assert short["actor_rollout_ref.model.enable_gradient_checkpointing"] is False
+    kv = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    assert short[kv] == 2 * 128 * 512 * (2 * 28 * 1024 * 2)
+    # a trajectory cap above verl's padded length changes nothing: vLLM never holds more than that
+    assert _values(QWEN3_06B, **job, trajectory_tokens=4096)[kv] == _values(QWEN3_06B, **job)[kv]
     # the 4B checkpoints on one H200 anyway: the trainer takes vLLM's memory every step
     assert awake not in _values(QWEN3_4B, **job)
     # vLLM sizing its cache from its whole share (256 trajectories) leaves nothing to plan the trainer on

@@ -241,7 +241,8 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
     total, _measured = gpu_bytes()
     try:
         return plan(shape, gpus=int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes), gpu_total=total,
-                    longest_sequence=longest_sequence(cfg, trajectory_tokens),
+                    longest_sequence=int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length),
+                    trajectory_tokens=trajectory_length(cfg, trajectory_tokens),
                     lora=int(cfg.actor_rollout_ref.model.lora_rank) > 0, critic=_critic(cfg),
                     concurrency=_rollout_concurrency(cfg), max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
                     max_num_batched_tokens=int(cfg.actor_rollout_ref.rollout.max_num_batched_tokens),
@@ -257,14 +258,13 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
         raise ConfigError(str(exc)) from None
 
 
-def longest_sequence(cfg: DictConfig, trajectory_tokens: int | None) -> int:
-    """The most tokens one trajectory holds, in vLLM's KV cache and in a training micro-batch: verl pads to
-    max_prompt_length + max_response_length, but our agent loop ends a trajectory at `rollout.max_total_tokens`,
-    prompt included (rl_factory/context.py), so the 0.6B shape's trajectories are 512 tokens, not 1536. verl's own
-    agent loops are held to verl's lengths only."""
-    padded = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+def trajectory_length(cfg: DictConfig, trajectory_tokens: int | None) -> int | None:
+    """The most tokens one trajectory holds in vLLM's KV cache, where our agent loop runs the rollout: it ends a
+    trajectory at `rollout.max_total_tokens`, prompt included (rl_factory/context.py), so the 0.6B shape's are 512
+    tokens, not verl's padded 1536. None under verl's own agent loops, held to verl's lengths only. (The trainer's
+    micro-batches still hold verl's padded length: verl's micro-batching asserts it.)"""
     ours = OmegaConf.select(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop") == AGENT_NAME
-    return min(padded, int(trajectory_tokens)) if ours and trajectory_tokens else padded
+    return int(trajectory_tokens) if ours and trajectory_tokens else None
 
 
 def _vllm_memory_given(cfg: DictConfig, given: set[str]) -> dict[str, Any]:

@@ -247,7 +247,7 @@ def rollout_share(shape: ModelShape, *, gpus: int, gpu_total: int, lora: bool, r
 
 def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequence: int, lora: bool,
          critic: bool, concurrency: int = 0, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-         vllm_request_tokens: int = 0,
+         vllm_request_tokens: int = 0, trajectory_tokens: int | None = None,
          replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
          offload: Offload = Offload(), critic_offload: Offload = Offload(), share_given: float | None = None,
          kv_cache_given: bool = False, kv_cache_bytes: int | None = None) -> Plan:
@@ -256,6 +256,8 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
     `max_num_seqs`, `max_num_batched_tokens`: vLLM's, as configured (the most requests and tokens of one step).
     `vllm_request_tokens`: the most tokens one vLLM request can generate (0: the rollout is not vLLM).
+    `trajectory_tokens`: the most tokens one trajectory holds in vLLM's KV cache, where the agent loop ends it
+    sooner than `longest_sequence` (verl's padded prompt + response, which the trainer's micro-batches must hold).
     `replica_gpus`: the GPUs of one rollout replica (tensor x data x pipeline parallel).
     `storage_units`: TransferQueue's SimpleStorage units as configured (0: another storage backend).
     `free_cache_engine`: the value given on the command line (None: the plan decides whether vLLM sleeps).
@@ -357,12 +359,13 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     kv_cache = kv_cache_bytes if kv_cache_given else None
     if vllm_request_tokens > 0 and concurrency > 0 and not kv_cache_given:
         # per GPU as if unsharded: tensor parallelism only makes the real need smaller
-        kv_need = max(MIN_KV_BYTES, KV_SLACK * concurrency * longest_sequence * shape.kv_bytes_per_token())
+        held = min(longest_sequence, trajectory_tokens or longest_sequence)
+        kv_need = max(MIN_KV_BYTES, KV_SLACK * concurrency * held * shape.kv_bytes_per_token())
         kv_room = int(share * gpu_total) - vllm_bytes(shape, 0)
         if kv_need < kv_room:  # else vLLM sizes it from its share, as before: it holds less than the step can use
             kv_cache = kv_need
             out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes", kv_need,
-                    f"{kv_need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {longest_sequence} tokens, "
+                    f"{kv_need / GIB:.1f} GiB of KV cache: {concurrency} trajectories of {held} tokens, "
                     f"twice over, instead of the ~{kv_room / GIB:.0f} GiB left in vLLM's share, whose every block "
                     "verl's prefix-cache reset walks at each weight sync")
     if free_cache_engine is False:  # kept awake on the command line: the trainer plans beside vLLM, whatever it costs
