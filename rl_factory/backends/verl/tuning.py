@@ -44,8 +44,8 @@ MIN_TOKENS_PER_MICRO = 16384   # below this, kernels run too small to keep an H1
 # vLLM stays awake where the trainer keeps this many tokens a micro-batch beside it without checkpointing. Asleep,
 # every step frees and maps again vLLM's weights and KV cache and empties the actor's CUDA cache: the 0.6B shape's
 # weight sync took 0.41 s asleep on an H100 (f909fb425cfc) against 0.10 s awake on an H200 (dccbb4f468e1), its
-# update 0.57 of plain forward+backward against 0.75 (two launches each), and TRL keeps its colocated vLLM awake. A smaller
-# micro-batch costs one more pass's kernel launches over the same tokens, not compute.
+# update 0.57 of plain forward+backward against 0.75 (two launches each), and TRL keeps its colocated vLLM awake.
+# A smaller micro-batch costs one more pass's kernel launches over the same tokens, not compute.
 AWAKE_MIN_TOKENS_PER_MICRO = 8192
 MAX_TOKENS_PER_MICRO = 32768   # above this, fewer micro-batches buy nothing
 # The per-token formula counts the tensors a decoder layer saves in bf16; RMSNorm's fp32 upcasts,
