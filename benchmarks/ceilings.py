@@ -199,6 +199,12 @@ def fastest_vllm(vllm: dict, configured: dict | None) -> tuple[str | None, dict]
     return name, measured[name]
 
 
+def like_rollout(ceiling: dict | None, logprobs: bool) -> dict:
+    """The run of a vLLM ceiling that did the rollout's work: with log-probs, or its `without_logprobs` run."""
+    ceiling = ceiling or {}
+    return ceiling if logprobs else ceiling.get("without_logprobs") or {}
+
+
 def ratios(phases: dict, step_s: float, vllm: dict, train: dict, configured: dict | None = None) -> dict:
     """Each phase against its ceiling, the step against the serial limit (vLLM alone without log-probs, then
     plain forward+backward: the least a step that generates and then trains could take), and which targets hold.
@@ -206,12 +212,16 @@ def ratios(phases: dict, step_s: float, vllm: dict, train: dict, configured: dic
     `phases`: gpu_step.py's (generate / old_log_prob / update with `tokens_per_s`, update_weights with `s`);
     `configured`: vLLM alone with the rollout's engine arguments (`vllm_configured`), where it was measured.
     vLLM alone is the faster of the two (`vllm_ceiling` names it; `generate_vs_vllm_defaults` and
-    `generate_vs_vllm_configured` set generation beside each); the serial limit takes the fastest of their runs."""
+    `generate_vs_vllm_configured` set generation beside each); the serial limit takes the fastest of their runs.
+    Generation is set beside vLLM doing the same work: with log-probs, or without them where the measured steps'
+    rollouts asked for none (`phases.generate.sampling_logprobs` false: sampling_logprobs_every); then
+    `generate_vs_vllm_with_logprobs` sets it beside vLLM's runs with them too."""
     def ratio(ours, ceiling):
         return ours / ceiling if ours is not None and ceiling else None
 
     generated = phases["generate"].get("tokens_per_s")
-    which, alone = fastest_vllm(vllm, configured)
+    logprobs = phases["generate"].get("sampling_logprobs", True)
+    which, alone = fastest_vllm(like_rollout(vllm, logprobs), like_rollout(configured, logprobs))
     # the serial limit's vLLM: the fastest run of these requests, without log-probs or with them (a run that also
     # returned log-probs bounds one without from above: a configured ceiling measured with log-probs only still
     # lowers the limit below the defaults' slower run without)
@@ -226,8 +236,10 @@ def ratios(phases: dict, step_s: float, vllm: dict, train: dict, configured: dic
         "generate_vs_vllm": ratio(generated, alone.get("tokens_per_s")),
         # against that ceiling's best run instead of its median (records from before the median have only this one)
         "generate_vs_vllm_best": ratio(generated, alone.get("best_tokens_per_s")),
-        "generate_vs_vllm_defaults": ratio(generated, vllm.get("tokens_per_s")),
-        "generate_vs_vllm_configured": ratio(generated, (configured or {}).get("tokens_per_s")),
+        "generate_vs_vllm_defaults": ratio(generated, like_rollout(vllm, logprobs).get("tokens_per_s")),
+        "generate_vs_vllm_configured": ratio(generated, like_rollout(configured, logprobs).get("tokens_per_s")),
+        **({} if logprobs else {"generate_vs_vllm_with_logprobs":
+                                ratio(generated, fastest_vllm(vllm, configured)[1].get("tokens_per_s"))}),
         "old_log_prob_vs_forward": ratio(phases["old_log_prob"].get("tokens_per_s"),
                                          train.get("forward", {}).get("tokens_per_s"))
         if phases["old_log_prob"].get("mode") == "recompute" else None,

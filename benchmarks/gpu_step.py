@@ -234,7 +234,7 @@ TUNED_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
               "algorithm.rollout_correction.bypass_mode", "ray_kwargs.ray_init.runtime_env.env_vars.RL_FACTORY_OLD_LOG_PROBS",
               "actor_rollout_ref.rollout.free_cache_engine", "actor_cache_at_sync",
               "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend",
-              "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config")
+              "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", "sampling_logprobs_every")
 
 
 def cfg_job(args: argparse.Namespace, out: Path) -> dict:
@@ -306,7 +306,10 @@ def main(argv: list[str] | None = None) -> None:
             # slowest_trajectory_s: the longest agent loop of the step; the phase's time beyond it is verl's.
             # trajectory_starts_s: how long after the first trajectory the last began (a ceiling that submits every
             # request at once pays none of it); trajectories_span_s: the first start to the last return
+            # whether every measured step's rollouts asked vLLM for log-probs (sampling_logprobs_every): the ceilings
+            # that did the same work set generation's ratio (a mix is set beside the faster, without them)
             "generate": {"s": numbers["generate"], "generated_tokens": gen_tokens,
+                         "sampling_logprobs": sampling_logprobs(cfg, args.agent_loop, steps),
                          "tokens_per_s": gen_tokens / numbers["generate"] if gen_tokens else None,
                          "slowest_trajectory_s": numbers["slowest_trajectory"],
                          "trajectory_starts_s": numbers["trajectory_starts"],
@@ -381,6 +384,14 @@ def main(argv: list[str] | None = None) -> None:
         earlier = earlier_launch(result, machine().get("gpu"), Path(args.earlier))
         result = join(result, earlier) if earlier else {**result, "launches": 1, "earlier_missing": args.earlier}
     emit("gpu_step", result)
+
+
+def sampling_logprobs(cfg: dict, agent_loop: str, steps: list[int]) -> bool:
+    """Whether the rollouts of every step in `steps` asked vLLM for log-probs: verl's own loops always do
+    (calculate_log_probs), ours on steps 1, 1+N, ... unless something trains on them
+    (rl_factory/backends/verl/sampling_logprobs.py, which resolved N into the composed config)."""
+    every = int(_select(cfg, "sampling_logprobs_every", 1) or 1)
+    return agent_loop != "rl_factory" or every == 1 or all((step - 1) % every == 0 for step in steps)
 
 
 def old_log_probs_mode(cfg: dict) -> str:

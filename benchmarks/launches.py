@@ -28,12 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two gpu_step records ran one job: SAME_JOB's keys equal, the model's path as one file (`--out
-    outputs/gpu_suite` and ab.py's absolute `<checkout>/outputs/gpu_suite` name the same weights)."""
+    outputs/gpu_suite` and ab.py's absolute `<checkout>/outputs/gpu_suite` name the same weights), and vLLM asked
+    for log-probs in both or in neither."""
     def model(r: dict[str, Any]) -> str | None:
         path = r.get("model")
         return str((ROOT / path).resolve()) if path else None  # an absolute path stays itself
 
-    return model(a) == model(b) and all(a.get(key) == b.get(key) for key in SAME_JOB if key != "model")
+    def logprobs(r: dict[str, Any]) -> bool:  # whether its measured rollouts asked vLLM for log-probs (gpu_step.py)
+        return ((r.get("phases") or {}).get("generate") or {}).get("sampling_logprobs", True)
+
+    return (model(a) == model(b) and logprobs(a) == logprobs(b)
+            and all(a.get(key) == b.get(key) for key in SAME_JOB if key != "model"))
 
 
 def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:

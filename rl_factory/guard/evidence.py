@@ -61,7 +61,8 @@ def trajectory_evidence(traj: Trajectory) -> dict[str, Any]:
     receipts = [t.receipt for t in traj.turns]
     samples = traj.training_samples()
     trained = [digest(run) for s in samples for run in mask_runs(s.token_ids, s.loss_mask)]
-    generated = [lp for t in traj.turns for lp in t.logprobs]
+    # NaN: a turn the engine was not asked to score (rl_factory/backends/verl/sampling_logprobs.py)
+    generated = [lp for t in traj.turns for lp in t.logprobs if not math.isnan(lp)]
     results = traj.tool_results
     tool_errors: dict[str, list[int]] = {}  # name -> [calls, errors], calls past the parser only
     for r in results:

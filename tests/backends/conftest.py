@@ -38,8 +38,10 @@ class ScriptedServer:
         self.turns[request_id] = turn + 1
         ids = self.tokenizer.encode(script[turn], add_special_tokens=False) + [self.tokenizer.eos_token_id]
         first = 1000 * turn
-        # weight versions as verl's server client reports them (turn k ran on weights of step 7 + k)
-        return TokenOutput(token_ids=ids, log_probs=[-(first + k + 1) / 1000 for k in range(len(ids))],
+        # weight versions as verl's server client reports them (turn k ran on weights of step 7 + k); log-probs only
+        # where asked for, as verl's vLLM server returns them
+        logprobs = [-(first + k + 1) / 1000 for k in range(len(ids))] if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=ids, log_probs=logprobs,
                            stop_reason="completed", num_preempted=0,
                            extra_fields={"min_global_steps": 7 + turn, "max_global_steps": 7 + turn})
 

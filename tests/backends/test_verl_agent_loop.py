@@ -91,6 +91,34 @@ def test_two_turn_tool_trajectory_through_verls_worker(verl_setup):
     assert score["score"] == 1.0
 
 
+@pytest.mark.parametrize("step,every,asked", [(2, 10, False), (11, 10, True), (2, 1, True)])
+def test_sampling_logprobs_asked_for_on_check_steps_only(verl_setup, step, every, asked):
+    """Under old_log_probs=update only the health checks read vLLM's log-probs: steps 1, 1+N, ... ask for them;
+    the others hand verl ABSENT on the generated tokens, and the guard's entropy estimate counts none of them."""
+    from verl.protocol import DataProto
+
+    from rl_factory.backends.verl.sampling_logprobs import ABSENT
+
+    cfg, files = verl_setup()
+    assert cfg.sampling_logprobs_every == 10  # the default, kept: nothing trains on them here
+    cfg.sampling_logprobs_every = every
+    batch = load_rows(cfg, files)
+    batch["global_steps"] = np.array([step] * len(batch["rl_factory_sample"]), dtype=object)  # as verl's V1 passes it
+
+    async def run():
+        worker = make_worker(cfg, None)
+        worker.llm_client = ScriptedServer(worker.tokenizer, [[CALL, "The answer is 10063."]])
+        return worker.llm_client, await worker.generate_sequences(DataProto.from_single_dict(batch))
+
+    server, out = asyncio.run(run())
+    assert [c["sampling_params"]["logprobs"] for c in server.calls] == [asked, asked]
+    mask = out.batch["response_mask"][0].bool()
+    generated = out.batch["rollout_log_probs"][0][mask]
+    assert bool((generated < 0).all()) if asked else bool((generated == ABSENT).all())
+    record = json.loads(out.non_tensor_batch[RECORD_KEY][0])
+    assert record["guard"]["neg_logprob_count"] == (int(mask.sum()) if asked else 0)
+
+
 def _tool_schemas():
     from envs import ToolEnv
 

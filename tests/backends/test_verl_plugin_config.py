@@ -178,6 +178,7 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
     (["algorithm.advantage=gae", "algorithm.critic.vf_coef=0.25"],
      "error: algorithm.critic.vf_coef=0.25 is not supported on the verl backend with algorithm.advantage=gae"),
     (["worker_fetch=some"], "worker_fetch='some': expected one of needed, all"),
+    (["sampling_logprobs_every=0"], "sampling_logprobs_every=0: expected an integer >= 1"),
     # verl's own checks before printing (validate.py; the cases: tests/backends/test_verl_validate.py)
     (["+actor_rollout_ref.rollout.gpu_memory_utilisation=0.5"],
      "error: unknown verl key actor_rollout_ref.rollout.gpu_memory_utilisation (did you mean "
@@ -288,10 +289,14 @@ rollout = torch.randn(4, 3) - 1.0
 new = (rollout + 0.5 * torch.randn(4, 3)).requires_grad_()  # far enough from vLLM's that PPO would clip
 adv = torch.randn(4)[:, None] * mask
 cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.2, ppo_micro_batch_size_per_gpu=1)
-old = new.detach().clone() if sys.argv[1] == "exact" else rollout
+old = {"exact": new.detach().clone(), "rollout": rollout}.get(sys.argv[1])
+if sys.argv[1] == "absent":  # rows 0 and 2 sampled without vLLM's log-probs (sampling_logprobs.py)
+    old = rollout.clone()
+    old[[0, 2]] = 1.0
 loss, metrics = c.get_policy_loss_fn("ppo_clip")(old, new, adv, mask, "token-mean", cfg)
 loss.backward()
 print(json.dumps({"loss": loss.item(), "grad": new.grad.tolist(), "metrics": metrics,
+                  "new": new.detach().tolist(), "rollout": rollout.tolist(), "mask": mask.tolist(),
                   "diff": ((new.detach().exp() - rollout.exp()).abs() * mask).sum().item() / mask.sum().item()}))
 """
     def run(arg, **env):
@@ -310,6 +315,27 @@ print(json.dumps({"loss": loss.item(), "grad": new.grad.tolist(), "metrics": met
     assert not torch.allclose(torch.tensor(rollout["grad"]), torch.tensor(exact["grad"]), atol=1e-4)
     assert update["metrics"]["actor/rollout_probs_diff_mean"] == pytest.approx(update["diff"], rel=1e-5)
     assert "actor/rollout_probs_diff_mean" not in exact["metrics"]
+    # rows generated without vLLM's log-probs: the same loss, the distance over the rows that have them
+    absent = run("absent", RL_FACTORY_OLD_LOG_PROBS="update")
+    assert absent["loss"] == pytest.approx(exact["loss"], abs=1e-7)
+    rows = torch.tensor(absent["mask"])
+    rows[[0, 2]] = 0
+    distance = (torch.tensor(absent["new"]).exp() - torch.tensor(absent["rollout"]).exp()).abs()
+    expected = (distance * rows).sum() / rows.sum()
+    assert absent["metrics"]["actor/rollout_probs_diff_mean"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("overrides, raw, every", [
+    ([], [], 10),  # old_log_probs=update: only the health checks read them
+    ([], ["sampling_logprobs_every=3"], 3),
+    (["optim.mini_batches=2"], [], 1),  # recompute
+    (["algorithm.old_log_probs=rollout"], ["sampling_logprobs_every=3"], 1),
+    ([], ["algorithm.rollout_correction.rollout_is=token"], 1),
+    ([], ["algorithm.use_kl_in_reward=true"], 1),
+])
+def test_sampling_logprobs_are_asked_for_every_step_where_something_trains_on_them(tmp_path, tiny_model_dir,
+                                                                                 overrides, raw, every):
+    assert compose(tmp_path, tiny_model_dir, overrides, raw).sampling_logprobs_every == every
 
 
 def test_vllm_workers_get_the_receipts_extension_unless_the_guard_or_the_user_says_otherwise(tmp_path, tiny_model_dir):

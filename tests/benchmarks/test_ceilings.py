@@ -78,6 +78,24 @@ def test_vllm_alone_is_the_faster_of_its_defaults_and_the_rollouts_configuration
     assert failed["generate_vs_vllm"] == pytest.approx((31597 / 2.171) / (31502 / 2.209))
 
 
+def test_rollouts_without_log_probs_are_set_beside_vllm_without_them():
+    """Steps whose rollouts asked vLLM for no log-probs (sampling_logprobs_every) did less work than a ceiling with
+    them: generation is set beside each ceiling's run without, the faster of those, and beside the one with too."""
+    rollout = {**phases(0.1), "generate": {"s": 1.7, "tokens_per_s": 31502 / 1.7, "sampling_logprobs": False}}
+    def ceiling(with_s: float, without_s: float) -> dict:
+        return {"seconds": with_s, "tokens_per_s": 31502 / with_s,
+                "without_logprobs": {"seconds": without_s, "tokens_per_s": 31502 / without_s}}
+    defaults, configured = ceiling(2.2, 1.6), ceiling(2.0, 1.5)
+    out = ratios(rollout, 2.9, defaults, TRAIN, configured)
+    assert out["vllm_ceiling"] == "configured" and out["generate_vs_vllm"] == pytest.approx(1.5 / 1.7)
+    assert out["generate_vs_vllm_defaults"] == pytest.approx(1.6 / 1.7)
+    assert out["generate_vs_vllm_with_logprobs"] == pytest.approx(2.0 / 1.7)
+    assert out["serial_limit_s"] == pytest.approx(1.5 + 0.69)
+    asked = ratios({**rollout, "generate": {**rollout["generate"], "sampling_logprobs": True}}, 2.9, defaults, TRAIN,
+                   configured)
+    assert asked["generate_vs_vllm"] == pytest.approx(2.0 / 1.7) and "generate_vs_vllm_with_logprobs" not in asked
+
+
 # ---- one record over two launches (benchmarks/launches.py) -------------------------------------------------------
 
 def launch_record(step_s: list[float], update_s: list[float], gpu: str = "NVIDIA H200", **job) -> dict:
@@ -103,6 +121,9 @@ def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is
     this["ceilings"] = {"vllm_generate": VLLM, **TRAIN}
     assert earlier_launch(this, "NVIDIA H200", results) == first
     assert earlier_launch(this, "NVIDIA A100", results) is None
+    generate = {**this["phases"]["generate"], "sampling_logprobs": False}
+    without = {**this, "phases": {**this["phases"], "generate": generate}}
+    assert earlier_launch(without, "NVIDIA H200", results) is None  # rollouts without vLLM's log-probs: other work
     joined = join(this, first)
     assert joined["launches"] == 2 and joined["earlier_invocation"]["commit"] == "06179fed523c"
     assert joined["step_s"] == pytest.approx(statistics.median([3.5, 3.6, 3.7, 3.6, 3.8, 3.9, 3.8, 4.0]))

@@ -28,6 +28,7 @@ the agent-loop YAML needs no arguments.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import time
@@ -40,6 +41,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 
 from envs import get_parser
+from rl_factory.backends.verl import sampling_logprobs
 from rl_factory.backends.verl.data import SPLIT_KEY, sample_from_kwargs
 from rl_factory.backends.verl.group import ArenaGroups
 from rl_factory.backends.verl.pipeline import GROUP_KEY, augmented, finish_outputs, group_stage
@@ -69,8 +71,9 @@ class ServerEngine:
     """
 
     def __init__(self, server_manager: Any, sampling_params: dict[str, Any], stop_ids: set[int],
-                 max_prompt_tokens: int, sample: Any = None):
+                 max_prompt_tokens: int, sample: Any = None, logprobs: bool = True):
         self.server_manager, self.base, self.stop_ids = server_manager, dict(sampling_params), stop_ids
+        self.logprobs = logprobs  # vLLM's log-prob of each sampled token (sampling_logprobs.py)
         self.max_prompt_tokens, self.sample, self.turns = max_prompt_tokens, sample, 0
         self.request_id = uuid.uuid4().hex
         # What the server reports besides tokens, kept as verl's ToolAgentLoop keeps it: the first turn's
@@ -85,7 +88,7 @@ class ServerEngine:
             raise ValueError(f"sample {self.sample}: prompt of {len(prompt_ids)} tokens (tools included) exceeds "
                              f"data.max_prompt_length={self.max_prompt_tokens}")
         self.turns += 1
-        sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": True}
+        sampling = {**self.base, "max_tokens": params.max_new_tokens, "logprobs": self.logprobs}
         if not sampling.get("stop"):
             # verl's server returns token ids only and we decode them ourselves: vLLM's incremental
             # detokenizer (and the text of each sampled log-prob) would be per-token Python work in the
@@ -97,7 +100,8 @@ class ServerEngine:
                                                  sampling_params=sampling)
         self._record(out)
         ids = list(out.token_ids)
-        logprobs = list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)
+        # none asked for: NaN, which the guard skips and to_outputs hands verl as sampling_logprobs.ABSENT
+        logprobs = list(out.log_probs) if out.log_probs is not None else [math.nan] * len(ids)
         # vLLM reports "completed" for both eos and length stops; the last token tells them apart.
         finish = "stop" if ids and ids[-1] in self.stop_ids and out.stop_reason != "aborted" else "length"
         # the run guard's receipt: the ids as the server returned them, and the weight version it generated
@@ -230,8 +234,10 @@ class RLFactoryAgentLoop(AgentLoopBase):
     async def _rollout(self, state: WorkerState, sample: dict, kwargs: dict, sampling_params: dict
                        ) -> tuple[Trajectory, dict[str, Any]]:
         cfg = state.loop_cfg
+        step = int(kwargs.get("global_steps", 0) or 0)
         engine = ServerEngine(self.server_manager, sampling_params, state.stop_ids,
-                              self.rollout_config.prompt_length, kwargs.get("index"))
+                              self.rollout_config.prompt_length, kwargs.get("index"),
+                              logprobs=sampling_logprobs.wanted(self.config, step, kwargs.get(SPLIT_KEY) == "val"))
         agent = Agent(engine, state.env, state.fmt, state.parser, cfg)
         params = SamplingParams(float(sampling_params.get("temperature", 1.0)),
                                 float(sampling_params.get("top_p", 1.0)), cfg.max_response_tokens)
@@ -277,7 +283,7 @@ def to_outputs(traj: Trajectory, timing: dict[str, Any], score: float | None, re
         last = k == len(pieces) - 1
         outputs.append(AgentLoopOutput(
             prompt_ids=ids[:start], response_ids=response, response_mask=mask[start:],
-            response_logprobs=logprobs[start:], num_turns=num_turns, metrics=metrics,
+            response_logprobs=sampling_logprobs.for_verl(logprobs[start:]), num_turns=num_turns, metrics=metrics,
             reward_score=score if last else None, extra_fields=dict(extra) if last else {}))
     return outputs if traj.steps else outputs[0]
 

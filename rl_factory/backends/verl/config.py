@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rl_factory.backends.verl import actor_cache, fetch, old_log_probs
+from rl_factory.backends.verl import actor_cache, fetch, old_log_probs, sampling_logprobs
 from rl_factory.backends.verl.asynchrony import async_values, batches_in_flight
 from rl_factory.backends.verl.agent_loop import AGENT_NAME, agent_loop_config_path
 from rl_factory.backends.verl.pipeline import pipeline_values
@@ -195,6 +195,8 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
     actor_cache.mode(cfg)  # and a bad actor_cache_at_sync
     # after the mapping and the raw keys: the mode depends on the final epochs and mini-batch size
     log.info("verl: %s", old_log_probs.apply(cfg, ours.algorithm.old_log_probs, given))
+    # after the mode: what trains on vLLM's sampling log-probs decides which rollouts ask for them
+    log.info("verl: %s", sampling_logprobs.apply(cfg, old_log_probs.resolved(cfg)))
     if cfg.actor_rollout_ref.model.override_config.get("attn_implementation") == "rl_factory_varlen":
         _add_external_lib(cfg, "actor_rollout_ref.model", given)
         if _critic(cfg):

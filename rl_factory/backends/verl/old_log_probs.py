@@ -77,3 +77,8 @@ def apply(cfg: DictConfig, requested: str, given: set[str]) -> str:
     for key, value in values.items():
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     return f"old log-probs: {mode} ({why})"
+
+
+def resolved(cfg: DictConfig) -> str:
+    """The mode `apply` wrote into `cfg`."""
+    return str(OmegaConf.select(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{MODE_ENV}"))

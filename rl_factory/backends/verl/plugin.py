@@ -110,6 +110,7 @@ def _policy_loss(name: str):
         from verl.trainer.ppo.core_algos import agg_loss
 
         from rl_factory.algorithms.losses import POLICY_LOSS_TERMS, masked_mean
+        from rl_factory.backends.verl.sampling_logprobs import ABSENT
 
         low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
         high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
@@ -118,9 +119,12 @@ def _policy_loss(name: str):
             # algorithm.old_log_probs=update (old_log_probs.py): verl skipped its forward pass and put vLLM's
             # sampling log-probs here; with one optimizer step per batch the policy that sampled is the one
             # being updated, so its log-probs are this forward's own. vLLM's distance from them is the health
-            # check verl's skipped pass would have logged (it grows if vLLM samples stale weights).
-            extra["actor/rollout_probs_diff_mean"] = masked_mean(
-                (log_prob.detach().exp() - old_log_prob.exp()).abs(), response_mask.to(log_prob.dtype)).item()
+            # check verl's skipped pass would have logged (it grows if vLLM samples stale weights). Rollouts that
+            # did not ask vLLM for them (sampling_logprobs.py) hold ABSENT, which no log-prob equals.
+            sampled = response_mask.bool() & (old_log_prob < ABSENT)
+            if sampled.any():
+                extra["actor/rollout_probs_diff_mean"] = masked_mean(
+                    (log_prob.detach().exp() - old_log_prob.exp()).abs(), sampled.to(log_prob.dtype)).item()
             old_log_prob = log_prob.detach()
         loss_mat, metrics = POLICY_LOSS_TERMS[name](log_prob, old_log_prob, advantages, response_mask, low, high)
         if rollout_is_weights is not None:
