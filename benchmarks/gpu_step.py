@@ -66,6 +66,7 @@ from benchmarks import host_cpu, iterations, startup_variants  # noqa: E402
 from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios  # noqa: E402
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.gpu_memory import run_per_step  # noqa: E402
+from benchmarks.job_config import old_log_probs_mode, sampling_logprobs, select  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.shapes import SHAPES, build_shape, builtin_tokenizer_dir, shape_config_dir  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
@@ -253,8 +254,8 @@ def cfg_job(args: argparse.Namespace, out: Path) -> dict:
     if proc.returncode != 0:
         return {**result, "error": proc.stderr[-1500:]}
     cfg = yaml.safe_load(proc.stdout)
-    return {**result, "replicas": args.gpus // _select(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size"),
-            "tuned": {k: _select(cfg, k) for k in TUNED_KEYS}}
+    return {**result, "replicas": args.gpus // select(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+            "tuned": {k: select(cfg, k) for k in TUNED_KEYS}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         # the cores each of the job's processes (and threads) used in each measured step's rollout: whether vLLM's
         # engine core kept its core (benchmarks/host_cpu.py)
         "host_cpu_in_rollout": host_cpu.run_rollouts(run_dir, steps),
-        "tuned": {k: _select(cfg, k) for k in TUNED_KEYS},
+        "tuned": {k: select(cfg, k) for k in TUNED_KEYS},
         # where the launch's time went before its first step (the run's startup.json, written by our launcher and
         # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
         "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
@@ -386,33 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     emit("gpu_step", result)
 
 
-def sampling_logprobs(cfg: dict, agent_loop: str, steps: list[int]) -> bool:
-    """Whether the rollouts of every step in `steps` asked vLLM for log-probs: verl's own loops always do
-    (calculate_log_probs), ours on steps 1, 1+N, ... unless something trains on them
-    (rl_factory/backends/verl/sampling_logprobs.py, which resolved N into the composed config)."""
-    every = int(_select(cfg, "sampling_logprobs_every", 1) or 1)
-    return agent_loop != "rl_factory" or every == 1 or all((step - 1) % every == 0 for step in steps)
-
-
-def old_log_probs_mode(cfg: dict) -> str:
-    """What the composed verl config (config.yaml) does for old log-probs: update | rollout | recompute."""
-    if not _select(cfg, "algorithm.rollout_correction.bypass_mode", False):
-        return "recompute"
-    return "update" if _select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.RL_FACTORY_OLD_LOG_PROBS") == "update" else "rollout"
-
-
 def _vocab(model: Path) -> int:
     return json.loads((model / "config.json").read_text())["vocab_size"]
-
-
-def _select(cfg: dict, key: str, default=None):
-    """`cfg["a"]["b"]` for key "a.b" in a loaded YAML config, or `default` where the path stops."""
-    node = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
-from benchmarks.gpu_step import _select, parse_args, run_verl  # noqa: E402
+from benchmarks.gpu_step import parse_args, run_verl  # noqa: E402
+from benchmarks.job_config import select  # noqa: E402
 from benchmarks.shapes import build_shape  # noqa: E402
 from benchmarks.step_metrics import step_numbers  # noqa: E402
 
@@ -157,7 +158,7 @@ def main() -> None:
         "old_log_prob_s": numbers["old_log_prob"], "update_s": numbers["update"],
         "tokens_per_step": numbers["total_tokens"], "job_wall_s": round(wall, 1),
         "memory_gb": {"max_allocated": numbers["max_memory_allocated_gb"], "max_reserved": numbers["max_memory_reserved_gb"]},
-        "tuned": {k: _select(cfg, k) for k in ("actor_rollout_ref.model.enable_gradient_checkpointing",
+        "tuned": {k: select(cfg, k) for k in ("actor_rollout_ref.model.enable_gradient_checkpointing",
                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
                                               "actor_rollout_ref.rollout.gpu_memory_utilization")},
     })

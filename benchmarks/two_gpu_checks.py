@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, wait_gone  # noqa: E402
-from benchmarks.gpu_step import _select  # noqa: E402
+from benchmarks.job_config import select  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
 
 SERVER_MODULE = "envs.servers.calculator"
@@ -276,11 +276,11 @@ def cfg_job(args: argparse.Namespace, overrides: list[str]) -> dict:
     import yaml
 
     cfg = yaml.safe_load(proc.stdout)
-    return {**out, "n_gpus_per_node": _select(cfg, "trainer.n_gpus_per_node"),
-            "adv_estimator": _select(cfg, "algorithm.adv_estimator"), "save_freq": _select(cfg, "trainer.save_freq"),
-            "resume_mode": _select(cfg, "trainer.resume_mode"),
-            "enforce_eager": _select(cfg, "actor_rollout_ref.rollout.enforce_eager"),
-            "agent_loop_workers": _select(cfg, "actor_rollout_ref.rollout.agent.num_workers")}
+    return {**out, "n_gpus_per_node": select(cfg, "trainer.n_gpus_per_node"),
+            "adv_estimator": select(cfg, "algorithm.adv_estimator"), "save_freq": select(cfg, "trainer.save_freq"),
+            "resume_mode": select(cfg, "trainer.resume_mode"),
+            "enforce_eager": select(cfg, "actor_rollout_ref.rollout.enforce_eager"),
+            "agent_loop_workers": select(cfg, "actor_rollout_ref.rollout.agent.num_workers")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bench": "two_gpu_checks", "gpus": args.gpus, "advantage": args.advantage, "steps": args.steps,
               "command": command,
               "launches": [{k: v for k, v in r.items() if k not in ("servers_seen", "metrics_at_kill")} for r in launches],
-              "servers": servers_check(launches, int(_select(cfg, "actor_rollout_ref.rollout.agent.num_workers", 0) or 0))}
+              "servers": servers_check(launches, int(select(cfg, "actor_rollout_ref.rollout.agent.num_workers", 0) or 0))}
     checks = [result["servers"]["ok"]]
     finished = launches[-1]["exit_code"] == 0 and not launches[-1]["timed_out"]
     result["finished"] = finished
@@ -324,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         checks.append(result["resume"]["ok"])
     if args.advantage == "arena":
         result["arena"] = arena_check(run_dir, sorted(set(_train_steps(final))),
-                                      int(_select(cfg, "data.train_batch_size", 0) or 0),
-                                      int(_select(cfg, "actor_rollout_ref.rollout.n", 0) or 0),
-                                      str(_select(cfg, "rl_factory.algorithm.arena.topology", "round_robin")))
+                                      int(select(cfg, "data.train_batch_size", 0) or 0),
+                                      int(select(cfg, "actor_rollout_ref.rollout.n", 0) or 0),
+                                      str(select(cfg, "rl_factory.algorithm.arena.topology", "round_robin")))
         checks.append(result["arena"]["ok"])
     result["ok"] = finished and all(checks)
     emit("two_gpu_checks", result)
