@@ -3,13 +3,16 @@
 One row per shape and GPU model TRL ran it on: TRL's newest `vs_trl --shape` record of the shape on that GPU, and
 ours the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no overrides
 but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must
-have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr): a record of another job is not put
-beside it. A side without such a record says "not measured yet".
+have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr), within an hour of TRL's record: the
+same lent machine, not another host of the same GPU model (TRL alone took 3.47-4.53 s a step at the 0.6B shape on
+three H100 hosts). A record of another job or another sitting is not put beside it. A side without such a record
+says "not measured yet".
 
     .venv/bin/python -m docsgen.trl_shapes benchmarks/results [more record directories]   # the table, printed
 """
 from __future__ import annotations
 
+import datetime
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from docsgen.records import get as get_path
 SHAPES = ("qwen3-0.6b", "qwen3-4b")
 JOB_KEYS = ("prompts", "n", "max_response_tokens", "max_total_tokens", "max_turns", "lr")
 MISSING = "not measured yet"
+SAME_SITTING_S = 3600  # a lent machine goes back within 30 minutes of being held: an hour apart is another sitting
 
 INTRO = """## ours vs TRL at the Qwen3 shapes
 
@@ -32,7 +36,9 @@ over steps 2 to the last (step 1 compiles and captures graphs; the commands say 
 weight copy into vLLM, which is its own column on both sides). Memory in GiB: the device's peak used memory while
 the job ran (nvidia-smi: every process, vLLM's included), each side's torch allocator peak (ours: the FSDP
 actor's process; TRL: its one process, vLLM's tensors included), and vLLM's budget (gpu_memory_utilization x
-the GPU). Target: ours / TRL <= 1 at both shapes.
+the GPU). Ours asks vLLM for each sampled token's log-prob only on the steps whose checks read them (1, 11, ...:
+`sampling_logprobs_every`, from `44739e0fb2b6` on); TRL's `GRPOTrainer` asks on every step (`logprobs=0`, with its
+importance-sampling correction off too). Target: ours / TRL <= 1 at both shapes.
 """
 
 HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "update s", "weight sync s",
@@ -96,8 +102,17 @@ def pair(records: dict[str, list[dict[str, Any]]], shape: str,
     ours = [r for r in records.get("gpu_step", []) if ours_matches(r, shape) and gpu in (None, gpu_of(r))]
     if trl is not None:
         job = {k: trl.get("job", {}).get(k) for k in JOB_KEYS}
-        ours = [r for r in ours if {k: ours_job(r).get(k) for k in JOB_KEYS} == job]
+        ours = [r for r in ours if {k: ours_job(r).get(k) for k in JOB_KEYS} == job and same_sitting(r, trl)]
     return newest(ours), trl
+
+
+def same_sitting(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two records were made within SAME_SITTING_S of each other (records without a date never are)."""
+    try:
+        dates = [datetime.datetime.fromisoformat(str(r.get("date"))) for r in (a, b)]
+        return abs((dates[0] - dates[1]).total_seconds()) <= SAME_SITTING_S
+    except (TypeError, ValueError):  # no date, or one with a zone beside one without
+        return False
 
 
 def get(record: dict[str, Any] | None, path: str) -> Any:

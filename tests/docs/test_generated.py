@@ -125,15 +125,27 @@ def test_the_trl_table_takes_a_launch_joined_with_the_one_before_it_over_the_lau
         assert got["step s ours / TRL"] == "3.62 / 3.47"
 
 
+def test_the_trl_table_puts_beside_trl_only_ours_from_the_same_sitting():
+    """Another host of the same GPU model is another machine: ours from hours later is not set beside TRL's."""
+    trl = [trl_shape_record("2026-12-07T00:55:00+00:00", 4.53, gpu="NVIDIA H100 80GB HBM3")]
+    beside = gpu_step_record("2026-12-07T01:01:00+00:00", 4.5, gpu="NVIDIA H100 80GB HBM3")
+    later = gpu_step_record("2026-12-07T04:19:00+00:00", 3.2, gpu="NVIDIA H100 80GB HBM3")
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [beside, later], "vs_trl": trl}),
+                                             "qwen3-0.6b")))
+    assert got["step s ours / TRL"] == "4.5 / 4.53" and got["ours / TRL (target <= 1)"] == "0.99 (met)"
+    alone = cells_of(trl_shapes.table({"gpu_step": [later], "vs_trl": trl}), "qwen3-0.6b")
+    assert alone[1] == "not measured yet / 4.53" and alone[2] == ""
+
+
 def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not():
-    trl = [trl_shape_record("2026-12-05T09:00", 5.0)]
+    trl = [trl_shape_record("2026-12-05T09:30", 5.0)]
     guarded = gpu_step_record("2026-12-05T10:00", 4.0, overrides=["trainer.guard.reward_constant.action=warn"])
     tuned = gpu_step_record("2026-12-05T11:00", 3.0, overrides=["trainer.guard.enabled=false", "optim.lr=1e-5"])
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned], "vs_trl": trl}),
                                              "qwen3-0.6b")))
     assert got["step s ours / TRL"] == "4 / 5"
     # the actor's cache at the sync changes no work either: a launch that kept it is still ours beside TRL
-    kept = gpu_step_record("2026-12-05T12:00", 2.5, overrides=["actor_cache_at_sync=keep"])
+    kept = gpu_step_record("2026-12-05T10:20", 2.5, overrides=["actor_cache_at_sync=keep"])
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [guarded, tuned, kept], "vs_trl": trl}),
                                              "qwen3-0.6b")))
     assert got["step s ours / TRL"] == "2.5 / 5"
