@@ -12,8 +12,9 @@ launches at f909fb425cfc), the same gap on the H200 (1.92 s against 1.53). What 
   `actor/rollout_probs_diff_mean` (vLLM against the trained policy, plugin.py) and the run guard's entropy
   estimate (rl_factory/guard/checks/numerics.py) read them.
 
-So our agent loop asks for them on every rollout where something trains on them, and otherwise on the training
-steps 1, 1 + N, 1 + 2N, ... (N = `sampling_logprobs_every`, 10 by default; 1 = every step, as verl does with
+So our agent loop asks for them on every rollout where something trains on them or verl's own pass compares
+against them (`recompute`: its metrics would read the placeholder below), and otherwise on the training steps 1,
+1 + N, 1 + 2N, ... (N = `sampling_logprobs_every`, 10 by default; 1 = every step, as verl does with
 `rollout.calculate_log_probs=true`); validation rollouts then go without. The checks run on those steps.
 verl's own agent loops (`tool_agent`) keep verl's `calculate_log_probs`.
 
@@ -43,7 +44,8 @@ def every(cfg: Any) -> int:
 
 
 def readers(cfg: DictConfig, mode: str) -> list[str]:
-    """What trains on vLLM's sampling log-probs in the composed config, with `mode` the resolved old-log-probs mode."""
+    """What reads vLLM's sampling log-probs on every step in the composed config, with `mode` the resolved
+    old-log-probs mode."""
     found = [] if mode == "update" else [f"algorithm.old_log_probs resolves to {mode}"]
     corr = cfg.algorithm.get("rollout_correction") or {}
     found += [f"algorithm.rollout_correction.{k}" for k in ("rollout_is", "rollout_rs") if corr.get(k) is not None]
@@ -53,7 +55,8 @@ def readers(cfg: DictConfig, mode: str) -> list[str]:
 
 
 def apply(cfg: DictConfig, mode: str) -> str:
-    """Resolve `sampling_logprobs_every` in `cfg` (1 where something trains on the log-probs); a line for the log."""
+    """Resolve `sampling_logprobs_every` in `cfg` (1 where something reads the log-probs every step); a line for the
+    log."""
     n = every(cfg)
     needed = readers(cfg, mode)
     if needed and n != 1:
