@@ -4,7 +4,7 @@ One row per shape and GPU model TRL ran it on: TRL's newest `vs_trl --shape` rec
 ours the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no overrides
 but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must
 have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr), within an hour of TRL's record: the
-same lent machine, not another host of the same GPU model (TRL alone took 3.47-4.53 s a step at the 0.6B shape on
+same machine, not another host of the same GPU model (TRL alone took 3.47-4.53 s a step at the 0.6B shape on
 three H100 hosts). A record of another job or another sitting is not put beside it. A side without such a record
 says "not measured yet".
 
@@ -23,7 +23,7 @@ from docsgen.records import get as get_path
 SHAPES = ("qwen3-0.6b", "qwen3-4b")
 JOB_KEYS = ("prompts", "n", "max_response_tokens", "max_total_tokens", "max_turns", "lr")
 MISSING = "not measured yet"
-SAME_SITTING_S = 3600  # a lent machine goes back within 30 minutes of being held: an hour apart is another sitting
+SAME_SITTING_S = 3600  # records an hour apart or more may come from two hosts of the same GPU model
 
 INTRO = """## ours vs TRL at the Qwen3 shapes
 
