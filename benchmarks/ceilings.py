@@ -74,9 +74,10 @@ def ceiling_vllm(spec: dict) -> dict:
 
 
 # verl's server engine arguments (vllm_async_server.py, launch_server) that a rollout config sets, by its key under
-# actor_rollout_ref.rollout; load_format stays vLLM's (verl's `dummy` waits for a weight sync that never comes here)
-SERVER_ARGS = ("dtype", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching",
-               "enable_sleep_mode", "logprobs_mode", "enforce_eager", "scheduling_policy")
+# actor_rollout_ref.rollout; load_format stays vLLM's (verl's `dummy` waits for a weight sync that never comes here).
+# max_model_len as the server had it: None (verl's default) is the model's own context, as on the server.
+SERVER_ARGS = ("dtype", "max_model_len", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens",
+               "enable_prefix_caching", "enable_sleep_mode", "logprobs_mode", "enforce_eager", "scheduling_policy")
 
 
 def configured_engine_args(rollout: dict) -> dict:

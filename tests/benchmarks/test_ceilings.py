@@ -197,7 +197,8 @@ def test_the_configured_ceiling_gets_the_engine_arguments_verls_server_would(tmp
     from rl_factory.config import load_config, parse, split_overrides
 
     ours, raw = split_overrides(["trainer.backend=verl", "trainer.n_gpus_per_node=1",
-                                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=7"])
+                                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=7",
+                                 "actor_rollout_ref.rollout.max_model_len=900"])
     cfg = compose_verl(absolute(parse(load_config("grpo", ours))), raw,
                        {"train": "/d/train.parquet", "val": "/d/val.parquet"}, str(tiny_model_dir))
     rollout = OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True)
@@ -210,6 +211,7 @@ def test_the_configured_ceiling_gets_the_engine_arguments_verls_server_would(tmp
     assert "enable_sleep_mode" not in rollout and args["enable_sleep_mode"] is True  # verl's dataclass default
     assert args["max_num_batched_tokens"] == rollout["max_num_batched_tokens"]
     assert args["logprobs_mode"] == rollout["logprobs_mode"]
+    assert args["max_model_len"] == 900  # the server's context, as given (verl's None: the model's, as there)
     # the compilation config as verl merges it: our tuning's (a JSON string), verl's default mode where it has none,
     # the tuned capture sizes
     assert args["compilation_config"]["cudagraph_capture_sizes"] == rollout["cudagraph_capture_sizes"]

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_factory.backends.verl.vllm_graphs import COMPILATION_CONFIG, capture_sizes
+from rl_factory.backends.verl.vllm_engine import plan_engine
 from rl_factory.base.errors import UserError
 
 log = logging.getLogger("rl_factory.verl")
@@ -72,6 +72,7 @@ class ModelShape:
     kv_dim: int         # key/value heads x head dim
     intermediate: int
     vocab: int
+    positions: int = 0  # max_position_embeddings (0: not known)
 
     @classmethod
     def from_path(cls, path: str) -> ModelShape | None:
@@ -93,7 +94,8 @@ class ModelShape:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         return cls(params, text.num_hidden_layers, text.hidden_size, text.num_attention_heads * head_dim,
-                   kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size)
+                   kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size,
+                   int(getattr(text, "max_position_embeddings", 0) or 0))
 
     def kv_bytes_per_token(self) -> int:
         """vLLM's KV cache for one token: keys and values of every layer, bf16."""
@@ -276,43 +278,9 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
         out.set("transfer_queue.backend.SimpleStorage.num_data_storage_units", 2 * nodes,
                 "TransferQueue's storage units are processes started before training: two a node, as "
                 "TransferQueue recommends, instead of 8")
-    if vllm_request_tokens > 0:
-        # verl's server reads only a request's final output, but vLLM's default (stream_interval=1) builds a
-        # cumulative output for every request at every decode step and wakes verl's coroutine for it: Python
-        # work in the server process on the order of the GPU's decode step at 128 requests. One interval as
-        # long as a request sends the first token (verl's admission gate waits for it) and the final output.
-        out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval", vllm_request_tokens,
-                "vLLM streams a request's first token and its final output only: no per-step outputs that "
-                "verl's server would discard")
-        if replica_gpus == 1:
-            # verl asks every server for vLLM's multiprocess executor; on one GPU that is one more process per
-            # replica, started after the engine's own (spawn: Python, torch and vLLM imported again, a CUDA
-            # context). vLLM's own default there, `uni`, runs the model in the engine core's process. Both in one
-            # invocation (H100, 796e663c020c, benchmarks/ab.py): generation 1.94 s a step under `mp`, 1.95 under
-            # `uni`; vLLM's servers started in 38.9 s under `uni`, 46.7 under `mp` (docs/guides/verl.md, "vLLM's
-            # executor").
-            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni",
-                    "one GPU a replica: vLLM's engine runs the model in its own process (vLLM's default there), "
-                    "not in a worker process verl's `mp` would start after it")
-            # vLLM's default compiles the model with torch.compile (Dynamo, then Inductor) at every server start
-            # (verl turns vLLM's compile cache off, VLLM_DISABLE_COMPILE_CACHE=1, for a cache-corruption bug: vLLM
-            # issue 31199) and captures CUDA graphs of the compiled pieces. On one GPU every step up to the largest
-            # capture size is replayed as one full CUDA graph instead; what Inductor adds is fusing the elementwise
-            # ops around the GEMMs, which vLLM's own CUDA kernels (RMSNorm, SiLU-and-mul, rotary) do without
-            # compiling. Mixed steps in full graphs too: a multi-turn rollout adds each trajectory's next turn to
-            # the running decode batch, about 15 such steps a rollout of the 0.6B shape, each run eager under
-            # FULL_DECODE_ONLY (docs/guides/verl.md, "Full graphs for mixed steps").
-            out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", COMPILATION_CONFIG,
-                    "no torch.compile at vLLM's start (with verl's compile cache off, every launch compiled: 14.5 s "
-                    "of the 0.6B shape's server start on an H100): every step, a next turn's prompt beside the "
-                    "decodes too, runs as one full CUDA graph over vLLM's own kernels")
-    if concurrency > 0:
-        full_mixed = vllm_request_tokens > 0 and replica_gpus == 1  # COMPILATION_CONFIG's graphs, tokens as sizes
-        sizes = capture_sizes(concurrency, max_num_seqs, max_num_batched_tokens if full_mixed else 0)
-        out.set("actor_rollout_ref.rollout.cudagraph_capture_sizes", sizes,
-                f"CUDA graphs for the decode batches {concurrency} concurrent trajectories reach"
-                + (" and the mixed steps that add a turn's prompt to them" if full_mixed else "")
-                + ", instead of vLLM's ~50 sizes up to 512, each captured twice (full and piecewise) at start-up")
+    plan_engine(out, concurrency=concurrency, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                vllm_request_tokens=vllm_request_tokens, replica_gpus=replica_gpus, longest_sequence=longest_sequence,
+                positions=shape.positions if shape else 0)
     attn = attention_implementation()
     why = ("flash-attn is installed" if attn == "flash_attention_2" else
            "no flash-attn: torch's FlashAttention varlen kernel on packed sequences (rl_factory/models/varlen_attention.py)")
