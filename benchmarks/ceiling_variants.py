@@ -67,15 +67,20 @@ def main() -> None:
                     "`without_` variant)")
     ap.add_argument("--set", dest="sets", action="append", type=parse_set, default=[], metavar="NAME=JSON",
                     help="a variant of its own: these engine arguments over the configured ones (repeatable)")
+    ap.add_argument("--without-logprobs", action="store_true",
+                    help="each variant also runs the requests without log-probs, as rollouts that ask none do")
     args = ap.parse_args()
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
     for name, engine_args in variants(spec["engine_args"], args.only, dict(args.sets)).items():
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
-        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "without_logprobs": False},
-                                 args.out / name)
+        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args,
+                                                     "without_logprobs": args.without_logprobs}, args.out / name)
+        bare = result.get("without_logprobs") or {}
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
-                      {"seconds": result["seconds"], "all_seconds": result["all_seconds"]})
+                      {"seconds": result["seconds"], "all_seconds": result["all_seconds"],
+                       **({"without_logprobs_seconds": bare["seconds"]} if bare else {}),
+                       **({"engine_steps": result["engine_steps"]} if result.get("engine_steps") else {})})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
     base = runs["configured"].get("seconds")
     emit("ceiling_variants", {
@@ -83,7 +88,10 @@ def main() -> None:
         "engine_args": spec["engine_args"], "runs": runs,
         # below 1: vLLM generated faster with that argument at its default
         "over_configured": {name: round(r["seconds"] / base, 3) for name, r in runs.items()
-                            if base and "seconds" in r}})
+                            if base and "seconds" in r},
+        **({"over_configured_without_logprobs": {name: round(r["without_logprobs_seconds"] / bare_base, 3)
+                                                 for name, r in runs.items() if "without_logprobs_seconds" in r}}
+           if (bare_base := runs["configured"].get("without_logprobs_seconds")) else {})})
 
 
 if __name__ == "__main__":
