@@ -121,33 +121,6 @@ def test_cuda_graphs_are_captured_for_the_decode_batches_the_rollout_reaches():
     assert _values(None, concurrency=300, max_num_seqs=300)["actor_rollout_ref.rollout.cudagraph_capture_sizes"][-1] == 300
 
 
-def test_vllms_context_is_the_runs_longest_sequence_not_the_models_positions():
-    """verl leaves vLLM at the model's context (Qwen3: 40960 positions); no request of the run is longer than
-    verl's prompt + response, and vLLM sizes each request's block table and token buffer by its context."""
-    from dataclasses import replace
-
-    key = "actor_rollout_ref.rollout.max_model_len"
-    qwen = replace(QWEN3_06B, positions=40960)
-    v = _values(qwen, concurrency=128, vllm_request_tokens=512, longest_sequence=1536)
-    assert v[key] == 1536
-    assert any(r.startswith(f"{key}=1536: ") and "40960 positions" in r
-               for r in plan(qwen, gpus=1, gpu_total=H200, longest_sequence=1536, lora=False, critic=False,
-                             vllm_request_tokens=512).reasons)
-    assert key not in _values(qwen, longest_sequence=1536)  # the rollout is not vLLM
-    assert key not in _values(QWEN3_06B, vllm_request_tokens=512)  # the model's positions not known
-    assert key not in _values(None, vllm_request_tokens=512)
-    # a run longer than the model's positions keeps verl's default (which refuses a longer context itself)
-    assert key not in _values(replace(qwen, positions=1024), vllm_request_tokens=512, longest_sequence=2048)
-
-
-def test_the_models_positions_are_read_with_its_shape(tmp_path):
-    from transformers import Qwen3Config
-
-    Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=16, max_position_embeddings=777).save_pretrained(tmp_path)
-    assert ModelShape.from_path(str(tmp_path)).positions == 777
-
-
 def test_a_one_gpu_vllm_replica_captures_graphs_for_the_mixed_steps_that_add_a_turns_prompt():
     # full graphs for mixed batches are keyed by tokens: the decode batch plus the prompts that arrived since the
     # step before; 8x the decode batch, at least 1024 tokens, at most what one vLLM step takes

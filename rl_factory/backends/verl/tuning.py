@@ -72,7 +72,6 @@ class ModelShape:
     kv_dim: int         # key/value heads x head dim
     intermediate: int
     vocab: int
-    positions: int = 0  # max_position_embeddings (0: not known)
 
     @classmethod
     def from_path(cls, path: str) -> ModelShape | None:
@@ -94,8 +93,7 @@ class ModelShape:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         return cls(params, text.num_hidden_layers, text.hidden_size, text.num_attention_heads * head_dim,
-                   kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size,
-                   int(getattr(text, "max_position_embeddings", 0) or 0))
+                   kv_heads * head_dim, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size)
 
     def kv_bytes_per_token(self) -> int:
         """vLLM's KV cache for one token: keys and values of every layer, bf16."""
@@ -279,8 +277,7 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
                 "TransferQueue's storage units are processes started before training: two a node, as "
                 "TransferQueue recommends, instead of 8")
     plan_engine(out, concurrency=concurrency, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                vllm_request_tokens=vllm_request_tokens, replica_gpus=replica_gpus, longest_sequence=longest_sequence,
-                positions=shape.positions if shape else 0)
+                vllm_request_tokens=vllm_request_tokens, replica_gpus=replica_gpus)
     attn = attention_implementation()
     why = ("flash-attn is installed" if attn == "flash_attention_2" else
            "no flash-attn: torch's FlashAttention varlen kernel on packed sequences (rl_factory/models/varlen_attention.py)")

@@ -15,10 +15,9 @@ if TYPE_CHECKING:
 
 
 def plan_engine(out: Plan, *, concurrency: int, max_num_seqs: int, max_num_batched_tokens: int,
-                vllm_request_tokens: int, replica_gpus: int, longest_sequence: int, positions: int = 0) -> None:
+                vllm_request_tokens: int, replica_gpus: int) -> None:
     """Set vLLM's engine keys on `out`. `vllm_request_tokens`: the most tokens one request can generate (0: the
-    rollout is not vLLM); `longest_sequence`: verl's prompt + response, the longest sequence the trainer takes;
-    `positions`: the model's max_position_embeddings (0: not known)."""
+    rollout is not vLLM); `concurrency`: the trajectories one replica decodes at once."""
     if vllm_request_tokens > 0:
         # verl's server reads only a request's final output, but vLLM's default (stream_interval=1) builds a
         # cumulative output for every request at every decode step and wakes verl's coroutine for it: Python
@@ -27,15 +26,6 @@ def plan_engine(out: Plan, *, concurrency: int, max_num_seqs: int, max_num_batch
         out.set("actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval", vllm_request_tokens,
                 "vLLM streams a request's first token and its final output only: no per-step outputs that "
                 "verl's server would discard")
-        if 0 < longest_sequence < positions:
-            # verl leaves vLLM's context at the model's own (Qwen3: 40960 positions). No request of the run can be
-            # longer than verl's padded prompt + response: verl's server caps each request's tokens at that budget
-            # and the trainer takes nothing longer. vLLM sizes per request what it keeps for the context: a
-            # block-table row it copies to the GPU every step and a token buffer row (the 0.6B shape: 2560 blocks
-            # a row at 40960 against 96 at 1536), and it captures its attention graphs for the longest context.
-            out.set("actor_rollout_ref.rollout.max_model_len", longest_sequence,
-                    f"vLLM's context as long as the longest sequence of the run (verl's prompt + response), not the "
-                    f"model's {positions} positions: vLLM sizes each request's block table and token buffer by it")
         if replica_gpus == 1:
             # verl asks every server for vLLM's multiprocess executor; on one GPU that is one more process per
             # replica, started after the engine's own (spawn: Python, torch and vLLM imported again, a CUDA
