@@ -5,9 +5,9 @@
 
 It waits for a run directory under `--runs` made after it started whose metrics.jsonl has reached
 `--after-step` (step 1 compiles and captures graphs), then records `--seconds` of stacks (wall time, idle
-threads included) from each of verl's processes at once: the FSDP actor (`WorkerDict`), the trainer
-(`TaskRunner`), vLLM's server frontend (`vLLMHttpServer`) and engine core (`EngineCore`), and one
-agent-loop worker. Each profile is written as collapsed stacks (`<role>-<pid>.txt`, flamegraph input),
+threads included, each stack under its thread) from each of verl's processes at once: the FSDP actor
+(`WorkerDict`), the trainer (`TaskRunner`), vLLM's server frontend (`vLLMHttpServer`) and engine core
+(`EngineCore`), and one agent-loop worker. Each profile is written as collapsed stacks (`<role>-<pid>.txt`, flamegraph input),
 and one JSON line gives each process's most frequent innermost frames: what the GPU phases wait on
 (Python between kernels, TransferQueue copies, CUDA synchronization) is read from these.
 Needs py-spy (`pip install py-spy`; on the lent GPU machine it travels in `.whl/`).
@@ -56,16 +56,30 @@ def wait_for_step(runs: Path, since: float, step: int, timeout: float) -> Path |
     return None
 
 
-def top_frames(path: Path, n: int = 12) -> dict:
-    """The innermost frames that hold the most samples, and the total (py-spy raw: 'a;b;c count')."""
+def top_frames(path: Path, n: int = 12, per_thread: int = 5) -> dict:
+    """The innermost frames that hold the most samples, and the total (py-spy raw: 'a;b;c count'). Recorded with
+    `--threads`, each stack starts with its thread ('thread (TID): NAME'): `threads` then gives each thread's share
+    of the samples and its own most frequent innermost frames, so that a process's main loop is told apart from
+    its helper threads (vLLM's engine core: the busy loop, and the threads that move requests and outputs)."""
     inner, total = collections.Counter(), 0
+    threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
+        frames = [f.strip() for f in stack.split(";")]
         total += int(count)
-        inner[stack.split(";")[-1].strip()] += int(count)
-    return {"samples": total, "top": [[frame, round(c / max(1, total), 3)] for frame, c in inner.most_common(n)]}
+        inner[frames[-1]] += int(count)
+        if frames[0].startswith("thread ("):
+            name = frames[0].split(": ", 1)[-1]  # the name py-spy gives a thread (its id changes each launch)
+            threads[name][frames[-1] if len(frames) > 1 else "(no Python frame)"] += int(count)
+    out = {"samples": total, "top": [[frame, round(c / max(1, total), 3)] for frame, c in inner.most_common(n)]}
+    by_size = sorted(threads.items(), key=lambda kv: -sum(kv[1].values()))
+    if by_size:
+        out["threads"] = {name: {"share": round(sum(c.values()) / max(1, total), 3),
+                                 "top": [[f, round(k / sum(c.values()), 3)] for f, k in c.most_common(per_thread)]}
+                          for name, c in by_size}
+    return out
 
 
 def main() -> None:
@@ -84,7 +98,7 @@ def main() -> None:
     found = processes()
     recorders = {role: subprocess.Popen(
         ["py-spy", "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "100", "--idle",
-         "--nonblocking", "--format", "raw", "--output", str(out / f"{role}-{pid}.txt")],
+         "--threads", "--nonblocking", "--format", "raw", "--output", str(out / f"{role}-{pid}.txt")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for role, pid in found.items()}
     result = {"bench": "pyspy", "run": str(run), "seconds": args.seconds, "pids": found, "profiles": {}}
     for role, proc in recorders.items():

@@ -19,6 +19,23 @@ def test_innermost_frames_are_counted_by_their_share_of_samples(tmp_path):
     assert top_frames(raw) == {"samples": 100, "top": [["forward (c.py:3)", 0.7], ["synchronize (d.py:4)", 0.3]]}
 
 
+def test_a_profile_with_threads_gives_each_threads_share_and_its_own_frames(tmp_path):
+    raw = tmp_path / "EngineCore-1.txt"  # py-spy record --threads: each stack starts with its thread
+    raw.write_text("thread (11): MainThread;run_busy_loop (core.py:1);step (core.py:2) 70\n"
+                   "thread (11): MainThread;run_busy_loop (core.py:1);poll (core.py:3) 10\n"
+                   "thread (12): Thread-1 (process_output_sockets);run (threading.py:1);send (zmq.py:5) 15\n"
+                   "thread (13): Thread-2 (idle) 5\n")
+    frames = top_frames(raw)
+    assert frames["samples"] == 100 and frames["top"][0] == ["step (core.py:2)", 0.7]
+    assert list(frames["threads"]) == ["MainThread", "Thread-1 (process_output_sockets)", "Thread-2 (idle)"]
+    assert frames["threads"]["MainThread"] == {"share": 0.8, "top": [["step (core.py:2)", 0.875],
+                                                                     ["poll (core.py:3)", 0.125]]}
+    assert frames["threads"]["Thread-2 (idle)"]["top"] == [["(no Python frame)", 1.0]]
+    # without --threads, no thread table
+    raw.write_text("main (a.py:1);step (b.py:2) 3\n")
+    assert "threads" not in top_frames(raw)
+
+
 def test_a_process_is_found_by_the_role_its_command_line_names():
     # Ray names an actor's process after its class ("ray::WorkerDict.compute_log_prob")
     before = processes()
