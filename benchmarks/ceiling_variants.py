@@ -11,7 +11,9 @@ requests, the engine arguments). Each variant runs benchmarks/ceilings.py in a f
 that argument dropped (vLLM's default) and the rest as configured, and reports the median of its timed runs beside
 the configured one's: a variant faster than `configured` names an argument that costs generation. `--set NAME=JSON`
 adds a variant of its own: those engine arguments over the configured ones (a key inside `compilation_config` replaces
-only that key; null drops an argument). Prints one JSON line.
+only that key; null drops an argument). `--frontends llm async` runs each variant through vLLM's offline `LLM` and
+through `AsyncLLM`, the engine client verl's server runs (`NAME@async`): what the server's frontend costs. Prints one
+JSON line.
 """
 from __future__ import annotations
 
@@ -69,12 +71,17 @@ def main() -> None:
                     help="a variant of its own: these engine arguments over the configured ones (repeatable)")
     ap.add_argument("--without-logprobs", action="store_true",
                     help="each variant also runs the requests without log-probs, as rollouts that ask none do")
+    ap.add_argument("--frontends", nargs="+", default=["llm"], choices=["llm", "async"],
+                    help="vLLM's engine clients each variant runs through: `llm` (offline LLM.generate) and `async` "
+                    "(AsyncLLM, as verl's server; its variants are named NAME@async)")
     args = ap.parse_args()
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
-    for name, engine_args in variants(spec["engine_args"], args.only, dict(args.sets)).items():
+    for (name, engine_args), frontend in ((v, f) for v in variants(spec["engine_args"], args.only,
+                                                                  dict(args.sets)).items() for f in args.frontends):
+        name = name if frontend == "llm" else f"{name}@{frontend}"
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
-        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args,
+        result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "frontend": frontend,
                                                      "without_logprobs": args.without_logprobs}, args.out / name)
         bare = result.get("without_logprobs") or {}
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
@@ -82,7 +89,7 @@ def main() -> None:
                        **({"without_logprobs_seconds": bare["seconds"]} if bare else {}),
                        **({"engine_steps": result["engine_steps"]} if result.get("engine_steps") else {})})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
-    base = runs["configured"].get("seconds")
+    base = runs[next(iter(runs))].get("seconds")  # `configured` on the first frontend
     emit("ceiling_variants", {
         "bench": "ceiling_variants", "model": spec["model"], "requests": len(spec["gen_lens"]),
         "engine_args": spec["engine_args"], "runs": runs,
@@ -91,7 +98,7 @@ def main() -> None:
                             if base and "seconds" in r},
         **({"over_configured_without_logprobs": {name: round(r["without_logprobs_seconds"] / bare_base, 3)
                                                  for name, r in runs.items() if "without_logprobs_seconds" in r}}
-           if (bare_base := runs["configured"].get("without_logprobs_seconds")) else {})})
+           if (bare_base := runs[next(iter(runs))].get("without_logprobs_seconds")) else {})})
 
 
 if __name__ == "__main__":

@@ -27,57 +27,124 @@ def ceiling_vllm(spec: dict) -> dict:
     as many tokens as one trajectory of the step did (ignore_eos), all submitted at once.
 
     Each request keeps its own trajectory's length, not the mean: the longest trajectory is the critical
-    path of a rollout, and a ceiling at the mean length would hide it.
+    path of a rollout, and a ceiling at the mean length would hide it. `spec["frontend"]`: `llm` (vLLM's offline
+    `LLM.generate`, the default) or `async` (vLLM's `AsyncLLM`, the engine client verl's server runs, each request
+    its own `generate` stream as verl's server reads it): between the two lies what the server's frontend costs.
     """
     import random
-
-    from vllm import LLM, SamplingParams
 
     gen_lens = spec["gen_lens"]
     engine = {"gpu_memory_utilization": spec["gpu_memory_utilization"], "seed": 0,
               "max_model_len": spec["prompt_len"] + max(gen_lens) + 16, "enable_prefix_caching": True,
               **spec.get("engine_args", {})}
-    llm = LLM(model=spec["model"], **engine)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, spec["vocab"] - 1) for _ in range(spec["prompt_len"])]
                for _ in range(-(-len(gen_lens) // spec["n"]))]
     requests = [{"prompt_token_ids": prompts[k // spec["n"]]} for k in range(len(gen_lens))]
-    def run(logprobs: int | None, detokenize: bool = False) -> dict:
-        params = [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
-                                 detokenize=detokenize) for n in gen_lens]
-        # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
-        # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01).
-        llm.generate(requests, params, use_tqdm=False)
-        times = []
-        for _ in range(RUNS):
-            t0 = time.perf_counter()
-            outs = llm.generate(requests, params, use_tqdm=False)
-            times.append(time.perf_counter() - t0)
-        # The median, as the step's phases (medians of the steady steps) and the train ceiling are: identical runs
-        # spread by up to a third (1.35-1.80 s, H100, 796e663c020c), and the best of them beside a median step
-        # would set a lucky run against a typical one. The best is reported beside it.
-        tokens, seconds = sum(len(o.outputs[0].token_ids) for o in outs), statistics.median(times)
-        return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
-                "tokens_per_s": tokens / seconds, "best_seconds": min(times), "best_tokens_per_s": tokens / min(times)}
+    frontend = spec.get("frontend", "llm")
+    if frontend not in FRONTENDS:
+        raise ValueError(f"spec frontend {frontend!r}: one of {sorted(FRONTENDS)}")
+    return FRONTENDS[frontend](spec, engine, requests, gen_lens)
 
-    # The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
-    # check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
-    # beside it what the log-probs cost and what vLLM's default detokenization would add.
-    same = run(logprobs=0)
+
+def _params(gen_lens: list[int], logprobs: int | None, detokenize: bool) -> list:
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=1.0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=logprobs,
+                           detokenize=detokenize) for n in gen_lens]
+
+
+def _timed(generate, gen_lens: list[int], logprobs: int | None, detokenize: bool = False) -> dict:
+    """RUNS timed passes of `generate(params)` (it returns each request's generated token ids) after a warm-up."""
+    params = _params(gen_lens, logprobs, detokenize)
+    # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
+    # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01).
+    generate(params)
+    times = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        outs = generate(params)
+        times.append(time.perf_counter() - t0)
+    # The median, as the step's phases (medians of the steady steps) and the train ceiling are: identical runs
+    # spread by up to a third (1.35-1.80 s, H100, 796e663c020c), and the best of them beside a median step
+    # would set a lucky run against a typical one. The best is reported beside it.
+    tokens, seconds = sum(len(ids) for ids in outs), statistics.median(times)
+    return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
+            "tokens_per_s": tokens / seconds, "best_seconds": min(times), "best_tokens_per_s": tokens / min(times)}
+
+
+def _report(spec: dict, requests: list, run) -> dict:
+    """The runs a vLLM ceiling reports, `run(logprobs, detokenize)` timing one kind of pass.
+
+    The rollout asks for each sampled token's log-prob (verl's calculate_log_probs, for the rollout-vs-actor
+    check) and no text (our agent loop decodes the ids itself); the ceiling does the same work, and reports
+    beside it what the log-probs cost and what vLLM's default detokenization would add."""
+    same = run(0, False)
     if spec.get("engine_args"):  # vLLM as the rollout configures it: the same requests, only the rollout's own work
         # (`without_logprobs`: also without them, where this ceiling may set the serial limit; ceiling_variants.py
         # compares the rollout's work alone)
         return {**same, "engine_args": spec["engine_args"], "requests": len(requests),
-                **({"without_logprobs": run(logprobs=None)} if spec.get("without_logprobs") else {})}
-    return {**same, "without_logprobs": run(logprobs=None), "with_detokenize": run(logprobs=0, detokenize=True),
-            "requests": len(requests), "max_gen_len": max(gen_lens)}
+                **({"frontend": spec["frontend"]} if spec.get("frontend") else {}),
+                **({"without_logprobs": run(None, False)} if spec.get("without_logprobs") else {})}
+    return {**same, "without_logprobs": run(None, False), "with_detokenize": run(0, True),
+            "requests": len(requests), "max_gen_len": max(spec["gen_lens"])}
+
+
+def _offline(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> dict:
+    from vllm import LLM
+
+    llm = LLM(model=spec["model"], **engine)
+
+    def generate(params: list) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in llm.generate(requests, params, use_tqdm=False)]
+
+    return _report(spec, requests, lambda logprobs, detok: _timed(generate, gen_lens, logprobs, detok))
+
+
+def _async(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> dict:
+    """The same passes through vLLM's AsyncLLM, built from engine arguments as verl's server builds it: its output
+    handler runs on one event loop, and the timed passes, synchronous, submit each pass's requests to that loop
+    from a worker thread, each request read to its final output as verl's server reads it."""
+    import asyncio
+    import uuid
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def main() -> dict:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=spec["model"], **engine))
+        loop = asyncio.get_running_loop()
+
+        async def one(request: dict, params) -> list[int]:
+            final = None
+            async for out in llm.generate(request, params, request_id=uuid.uuid4().hex):
+                final = out
+            return list(final.outputs[0].token_ids)
+
+        async def every(params: list) -> list[list[int]]:
+            return await asyncio.gather(*(one(r, p) for r, p in zip(requests, params)))
+
+        def generate(params: list) -> list[list[int]]:
+            return asyncio.run_coroutine_threadsafe(every(params), loop).result()
+
+        try:
+            return await asyncio.to_thread(
+                _report, spec, requests, lambda logprobs, detok: _timed(generate, gen_lens, logprobs, detok))
+        finally:
+            llm.shutdown()
+
+    return asyncio.run(main())
+
+
+FRONTENDS = {"llm": _offline, "async": _async}
 
 
 # verl's server engine arguments (vllm_async_server.py, launch_server) that a rollout config sets, by its key under
 # actor_rollout_ref.rollout; load_format stays vLLM's (verl's `dummy` waits for a weight sync that never comes here).
 # max_model_len as the server had it: None (verl's default) is the model's own context, as on the server.
 SERVER_ARGS = ("dtype", "max_model_len", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens",
-               "enable_prefix_caching", "enable_sleep_mode", "logprobs_mode", "enforce_eager", "scheduling_policy")
+               "enable_prefix_caching", "enable_sleep_mode", "logprobs_mode", "enforce_eager", "scheduling_policy",
+               "disable_log_stats")  # AsyncLLM logs stats unless told not to (LLM does not): verl's server tells it
 
 
 def configured_engine_args(rollout: dict) -> dict:

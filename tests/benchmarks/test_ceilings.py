@@ -274,3 +274,110 @@ def test_each_variant_runs_the_configured_ceiling_with_its_own_arguments(tmp_pat
     kept = json.loads((tmp_path / "without_logprobs_mode" / "ceiling-vllm_configured.spec.json").read_text())
     assert kept["engine_args"] == {"enable_sleep_mode": True} and kept["gen_lens"] == [3, 5]
     assert kept["without_logprobs"] is False  # the rollout's work alone: the serial limit is gpu_step.py's
+
+
+# vLLM's engine clients as the ceilings use them, for a CPU machine without vLLM: each request generates exactly
+# its max_tokens, and AsyncLLM refuses a request on another event loop than the one it was built in (vLLM's output
+# handler is a task of that loop)
+_VLLM_STAND_IN = {
+    "vllm/__init__.py": '''
+class SamplingParams:
+    def __init__(self, max_tokens, logprobs=None, **kw):
+        self.max_tokens, self.logprobs = max_tokens, logprobs
+class _Out:
+    def __init__(self, n):
+        self.outputs = [type("C", (), {"token_ids": list(range(n))})()]
+class LLM:
+    def __init__(self, model, **engine):
+        self.engine = engine
+    def generate(self, requests, params, use_tqdm=False):
+        assert len(requests) == len(params)
+        return [_Out(p.max_tokens) for p in params]
+''',
+    "vllm/engine/__init__.py": "",
+    "vllm/engine/arg_utils.py": '''
+class AsyncEngineArgs:
+    def __init__(self, model, **engine):
+        self.model, self.engine = model, engine
+''',
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/engine/__init__.py": "",
+    "vllm/v1/engine/async_llm.py": '''
+import asyncio, os
+from vllm import _Out
+class AsyncLLM:
+    def __init__(self, args):
+        self.loop, self.ids = asyncio.get_running_loop(), set()
+    @classmethod
+    def from_engine_args(cls, args):
+        return cls(args)
+    async def generate(self, prompt, params, request_id):
+        assert asyncio.get_running_loop() is self.loop, "a request on another event loop"
+        assert request_id not in self.ids
+        self.ids.add(request_id)
+        for n in range(1, params.max_tokens + 1):  # cumulative outputs, the final one last
+            await asyncio.sleep(0)
+            yield _Out(n)
+    def shutdown(self):
+        open(os.environ["STAND_IN_SHUTDOWN"], "w").close()
+''',
+}
+
+
+@pytest.mark.parametrize("frontend", ["llm", "async"])
+def test_the_vllm_ceiling_times_each_pass_through_either_engine_client(tmp_path, frontend):
+    """The ceiling's own plumbing, vLLM stood in for (a CPU machine has none): the async frontend builds AsyncLLM in
+    the event loop its requests run on, reads every request to its final output, and shuts the engine down."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, text in _VLLM_STAND_IN.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5, 2, 7],
+            "vocab": 100, "engine_args": {"enable_sleep_mode": True}, "frontend": frontend, "without_logprobs": True}
+    result = tmp_path / "ceiling.json"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "STAND_IN_SHUTDOWN": str(tmp_path / "down")}
+    done = subprocess.run([sys.executable, "benchmarks/ceilings.py", "vllm_configured", "--spec", json.dumps(spec),
+                           "--result", str(result)], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(result.read_text())
+    assert out["tokens"] == out["without_logprobs"]["tokens"] == 17  # every request read to its final output
+    assert len(out["all_seconds"]) == len(out["without_logprobs"]["all_seconds"]) == 5
+    assert out["frontend"] == frontend and out["engine_args"] == {"enable_sleep_mode": True}
+    assert (tmp_path / "down").exists() == (frontend == "async")
+
+
+def test_an_unknown_frontend_is_refused_by_name():
+    from benchmarks.ceilings import ceiling_vllm
+
+    with pytest.raises(ValueError, match="spec frontend 'http'"):
+        ceiling_vllm({"gen_lens": [1], "gpu_memory_utilization": 0.5, "prompt_len": 2, "n": 1, "vocab": 20,
+                      "frontend": "http"})
+
+
+def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, text in _VLLM_STAND_IN.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
+            "engine_args": {"enable_sleep_mode": True}}
+    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
+           "STAND_IN_SHUTDOWN": str(tmp_path / "down")}
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
+                           "--without-logprobs", "--frontends", "llm", "async"],
+                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(line["runs"]) == ["configured", "configured@async"]
+    assert set(line["over_configured"]) == set(line["over_configured_without_logprobs"]) == set(line["runs"])
+    kept = json.loads((tmp_path / "configured@async" / "ceiling-vllm_configured.spec.json").read_text())
+    assert kept["frontend"] == "async" and kept["without_logprobs"] is True
