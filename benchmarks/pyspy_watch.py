@@ -7,9 +7,10 @@ It waits for a run directory under `--runs` made after it started whose metrics.
 `--after-step` (step 1 compiles and captures graphs), then records `--seconds` of stacks (wall time, idle
 threads included, each stack under its thread) from each of verl's processes at once: the FSDP actor
 (`WorkerDict`), the trainer (`TaskRunner`), vLLM's server frontend (`vLLMHttpServer`) and engine core
-(`EngineCore`), and one agent-loop worker. Each profile is written as collapsed stacks (`<role>-<pid>.txt`, flamegraph input),
-and one JSON line gives each process's most frequent innermost frames: what the GPU phases wait on
-(Python between kernels, TransferQueue copies, CUDA synchronization) is read from these.
+(`EngineCore`), and one agent-loop worker. Each profile is written as collapsed stacks (`<role>-<pid>.txt`,
+flamegraph input), and one JSON line gives each process's most frequent innermost frames, and each thread's:
+what the GPU phases wait on (Python between kernels, TransferQueue copies, CUDA synchronization) is read from
+these.
 Needs py-spy (`pip install py-spy`; on the lent GPU machine it travels in `.whl/`).
 """
 from __future__ import annotations
