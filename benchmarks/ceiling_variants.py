@@ -18,6 +18,7 @@ JSON line.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -77,8 +78,8 @@ def main() -> None:
     args = ap.parse_args()
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
-    for (name, engine_args), frontend in ((v, f) for v in variants(spec["engine_args"], args.only,
-                                                                  dict(args.sets)).items() for f in args.frontends):
+    engine_variants = variants(spec["engine_args"], args.only, dict(args.sets))
+    for (name, engine_args), frontend in itertools.product(engine_variants.items(), args.frontends):
         name = name if frontend == "llm" else f"{name}@{frontend}"
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
         result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "frontend": frontend,
@@ -89,7 +90,8 @@ def main() -> None:
                        **({"without_logprobs_seconds": bare["seconds"]} if bare else {}),
                        **({"engine_steps": result["engine_steps"]} if result.get("engine_steps") else {})})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
-    base = runs[next(iter(runs))].get("seconds")  # `configured` on the first frontend
+    first = next(iter(runs.values()))  # `configured` on the first frontend
+    base, bare_base = first.get("seconds"), first.get("without_logprobs_seconds")
     emit("ceiling_variants", {
         "bench": "ceiling_variants", "model": spec["model"], "requests": len(spec["gen_lens"]),
         "engine_args": spec["engine_args"], "runs": runs,
@@ -98,7 +100,7 @@ def main() -> None:
                             if base and "seconds" in r},
         **({"over_configured_without_logprobs": {name: round(r["without_logprobs_seconds"] / bare_base, 3)
                                                  for name, r in runs.items() if "without_logprobs_seconds" in r}}
-           if (bare_base := runs[next(iter(runs))].get("without_logprobs_seconds")) else {})})
+           if bare_base else {})})
 
 
 if __name__ == "__main__":
