@@ -12,8 +12,9 @@ that argument dropped (vLLM's default) and the rest as configured, and reports t
 the configured one's: a variant faster than `configured` names an argument that costs generation. `--set NAME=JSON`
 adds a variant of its own: those engine arguments over the configured ones (a key inside `compilation_config` replaces
 only that key; null drops an argument). `--frontends llm async` runs each variant through vLLM's offline `LLM` and
-through `AsyncLLM`, the engine client verl's server runs (`NAME@async`): what the server's frontend costs. Prints one
-JSON line.
+through `AsyncLLM`, the engine client verl's server runs (`NAME@async`): what the server's frontend costs.
+`--busy-cores N` runs each also with N processes spinning on the host (`NAME+busyN`): whether the CPU a job's other
+processes use beside its rollout slows vLLM's engine loop. Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def main() -> None:
                     help="a variant of its own: these engine arguments over the configured ones (repeatable)")
     ap.add_argument("--without-logprobs", action="store_true",
                     help="each variant also runs the requests without log-probs, as rollouts that ask none do")
+    ap.add_argument("--busy-cores", type=int, default=0, metavar="N",
+                    help="each variant also runs with N processes spinning on the host beside it (NAME+busyN)")
     ap.add_argument("--frontends", nargs="+", default=["llm"], choices=["llm", "async"],
                     help="vLLM's engine clients each variant runs through: `llm` (offline LLM.generate) and `async` "
                     "(AsyncLLM, as verl's server; its variants are named NAME@async)")
@@ -79,11 +82,13 @@ def main() -> None:
     spec = json.loads((args.out / "ceiling-vllm_configured.spec.json").read_text())
     runs = {}
     engine_variants = variants(spec["engine_args"], args.only, dict(args.sets))
-    for (name, engine_args), frontend in itertools.product(engine_variants.items(), args.frontends):
-        name = name if frontend == "llm" else f"{name}@{frontend}"
+    loads = sorted({0, max(args.busy_cores, 0)})
+    for (name, engine_args), frontend, busy in itertools.product(engine_variants.items(), args.frontends, loads):
+        name = (name if frontend == "llm" else f"{name}@{frontend}") + (f"+busy{busy}" if busy else "")
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
         result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "frontend": frontend,
-                                                     "without_logprobs": args.without_logprobs}, args.out / name)
+                                                     "without_logprobs": args.without_logprobs, "busy_cores": busy},
+                                 args.out / name)
         bare = result.get("without_logprobs") or {}
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"],

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RUNS = 5  # timed runs of each vLLM ceiling, after a warm-up run
+BUSY_TAG = "ceiling-busy-core"  # the argument that names a spinner beside a ceiling (`busy_cores`)
 
 
 def ceiling_vllm(spec: dict) -> dict:
@@ -225,8 +226,18 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     """Runs one ceiling in a fresh process; its spec is kept beside its result (ceiling_variants.py reruns it)."""
     path = out_dir / f"ceiling-{name}.json"
     (out_dir / f"ceiling-{name}.spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    # `busy_cores`: that many processes spinning on the host throughout, as a job's other processes keep cores
+    # busy beside its rollout: whether vLLM's engine loop, one busy core of its own, slows when the host is not idle
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass", BUSY_TAG])
+            for _ in range(int(spec.get("busy_cores") or 0))]
+    try:
+        proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
+                              cwd=ROOT, capture_output=True, text=True,
+                              env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+    finally:
+        for spinner in busy:
+            spinner.kill()
+            spinner.wait()
     # vLLM's own log, kept: what its engine logged per iteration where the rollout's engine arguments ask for it
     # (enable_logging_iteration_details), beside the job's log of the same lines from the rollout's server
     log = proc.stdout + proc.stderr

@@ -287,9 +287,22 @@ class SamplingParams:
 class _Out:
     def __init__(self, n):
         self.outputs = [type("C", (), {"token_ids": list(range(n))})()]
+def _spinners():  # the processes spinning beside this ceiling (ceilings.BUSY_TAG)
+    import os
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            count += b"ceiling-busy-core" in open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            pass
+    return count
 class LLM:
     def __init__(self, model, **engine):
+        import os
         self.engine = engine
+        if os.environ.get("STAND_IN_BUSY"):
+            with open(os.environ["STAND_IN_BUSY"], "a") as f:
+                f.write(f"{_spinners()} ")
     def generate(self, requests, params, use_tqdm=False):
         assert len(requests) == len(params)
         return [_Out(p.max_tokens) for p in params]
@@ -381,3 +394,42 @@ def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
     assert set(line["over_configured"]) == set(line["over_configured_without_logprobs"]) == set(line["runs"])
     kept = json.loads((tmp_path / "configured@async" / "ceiling-vllm_configured.spec.json").read_text())
     assert kept["frontend"] == "async" and kept["without_logprobs"] is True
+
+
+def _spinning_now() -> int:
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            count += b"ceiling-busy-core" in open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            pass
+    return count
+
+
+def test_each_variant_also_runs_beside_busy_cores_that_are_gone_after(tmp_path):
+    """`--busy-cores 2`: each variant once on an idle host and once with two spinning processes beside it, which are
+    running while vLLM is built and gone once the variant ends."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, text in _VLLM_STAND_IN.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
+            "engine_args": {"enable_sleep_mode": True}}
+    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
+    seen = tmp_path / "spinners.txt"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
+           "STAND_IN_BUSY": str(seen)}
+    before = _spinning_now()
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
+                           "--busy-cores", "2"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(line["runs"]) == ["configured", "configured+busy2"]
+    assert [int(n) - before for n in seen.read_text().split()] == [0, 2]  # as each variant's vLLM was built
+    assert _spinning_now() == before
+    kept = json.loads((tmp_path / "configured+busy2" / "ceiling-vllm_configured.spec.json").read_text())
+    assert kept["busy_cores"] == 2
