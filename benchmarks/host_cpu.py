@@ -32,7 +32,7 @@ from benchmarks.gpu_memory import JOB_MARK_VAR, Sampler
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in its run directory
-TOP_PROCESSES = 8  # the busiest processes a window lists
+TOP_PROCESSES = 16  # the busiest processes a window lists: a one-GPU job runs about 15 (Ray's, verl's, vLLM's)
 TOP_THREADS = 4  # the busiest threads listed for each process that kept a core at least half busy
 RECHECK_S = 1.0  # how long a process found without the job's mark is taken to be outside the job
 # a process's threads are read where it used at least this share of a core since the sample before: the job's ~40
