@@ -14,7 +14,9 @@ adds a variant of its own: those engine arguments over the configured ones (a ke
 only that key; null drops an argument). `--frontends llm async` runs each variant through vLLM's offline `LLM` and
 through `AsyncLLM`, the engine client verl's server runs (`NAME@async`): what the server's frontend costs.
 `--busy-cores N` runs each also with N processes spinning on the host (`NAME+busyN`): whether the CPU a job's other
-processes use beside its rollout slows vLLM's engine loop. Prints one JSON line.
+processes use beside its rollout slows vLLM's engine loop. `--pyspy` records vLLM's engine core with py-spy over each
+variant's passes without log-probs (with `--without-logprobs`): its loop offline, beside the same loop behind verl's
+server (`gpu_suite.sh profile`). Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ def main() -> None:
                     help="a variant of its own: these engine arguments over the configured ones (repeatable)")
     ap.add_argument("--without-logprobs", action="store_true",
                     help="each variant also runs the requests without log-probs, as rollouts that ask none do")
+    ap.add_argument("--pyspy", action="store_true",
+                    help="py-spy on vLLM's engine core over each variant's passes without log-probs (NAME/pyspy/)")
     ap.add_argument("--busy-cores", type=int, default=0, metavar="N",
                     help="each variant also runs with N processes spinning on the host beside it (NAME+busyN)")
     ap.add_argument("--frontends", nargs="+", default=["llm"], choices=["llm", "async"],
@@ -86,13 +90,15 @@ def main() -> None:
     for (name, engine_args), frontend, busy in itertools.product(engine_variants.items(), args.frontends, loads):
         name = (name if frontend == "llm" else f"{name}@{frontend}") + (f"+busy{busy}" if busy else "")
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
+        profile = {"pyspy": str(args.out / name / "pyspy")} if args.pyspy else {}
         result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "frontend": frontend,
-                                                     "without_logprobs": args.without_logprobs, "busy_cores": busy},
-                                 args.out / name)
+                                                     "without_logprobs": args.without_logprobs, "busy_cores": busy,
+                                                     **profile}, args.out / name)
         bare = result.get("without_logprobs") or {}
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"],
                        **({"without_logprobs_seconds": bare["seconds"]} if bare else {}),
+                       **({"pyspy": bare["pyspy"]} if bare.get("pyspy") else {}),
                        **({"engine_steps": result["engine_steps"]} if result.get("engine_steps") else {})})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
     first = next(iter(runs.values()))  # `configured` on the first frontend

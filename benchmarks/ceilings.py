@@ -9,8 +9,10 @@ by the actor's token budget (gpu_step.py's docstring says what each matches).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,23 +57,64 @@ def _params(gen_lens: list[int], logprobs: int | None, detokenize: bool) -> list
                            detokenize=detokenize) for n in gen_lens]
 
 
-def _timed(generate, gen_lens: list[int], logprobs: int | None, detokenize: bool = False) -> dict:
-    """RUNS timed passes of `generate(params)` (it returns each request's generated token ids) after a warm-up."""
+def _engine_cores() -> list[int]:
+    """The pids of this process's children that are vLLM engine cores (vLLM titles them VLLM::EngineCore)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            title = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"EngineCore" in title:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@contextlib.contextmanager
+def _profiled(out: Path | None):
+    """py-spy on vLLM's engine core while the block runs (`out`: where its collapsed stacks go), its summary set in
+    the dict yielded: the engine's loop offline, beside the same loop behind verl's server (gpu_suite.sh profile)."""
+    summary: dict = {}
+    if out is None:
+        yield summary
+        return
+    from benchmarks.pyspy_watch import record_command, top_frames
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {pid: out / f"EngineCore-{pid}.txt" for pid in _engine_cores()}
+    recorders = {pid: subprocess.Popen(record_command(pid, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True) for pid, path in paths.items()}
+    try:
+        yield summary
+    finally:
+        for pid, proc in recorders.items():  # py-spy writes its profile when interrupted
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            summary[str(pid)] = top_frames(paths[pid]) if paths[pid].exists() else {"error": err[-500:]}
+
+
+def _timed(generate, gen_lens: list[int], logprobs: int | None, detokenize: bool = False,
+           profile: Path | None = None) -> dict:
+    """RUNS timed passes of `generate(params)` (it returns each request's generated token ids) after a warm-up;
+    `profile`: a directory for py-spy's stacks of the engine core over the timed passes."""
     params = _params(gen_lens, logprobs, detokenize)
     # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
     # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01).
     generate(params)
     times = []
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        outs = generate(params)
-        times.append(time.perf_counter() - t0)
+    with _profiled(profile) as profiles:
+        for _ in range(RUNS):
+            t0 = time.perf_counter()
+            outs = generate(params)
+            times.append(time.perf_counter() - t0)
     # The median, as the step's phases (medians of the steady steps) and the train ceiling are: identical runs
     # spread by up to a third (1.35-1.80 s, H100, 796e663c020c), and the best of them beside a median step
     # would set a lucky run against a typical one. The best is reported beside it.
     tokens, seconds = sum(len(ids) for ids in outs), statistics.median(times)
     return {"seconds": seconds, "all_seconds": [round(t, 3) for t in times], "tokens": tokens,
-            "tokens_per_s": tokens / seconds, "best_seconds": min(times), "best_tokens_per_s": tokens / min(times)}
+            "tokens_per_s": tokens / seconds, "best_seconds": min(times), "best_tokens_per_s": tokens / min(times),
+            **({"pyspy": profiles} if profile else {})}
 
 
 def _report(spec: dict, requests: list, run) -> dict:
@@ -91,6 +134,15 @@ def _report(spec: dict, requests: list, run) -> dict:
             "requests": len(requests), "max_gen_len": max(spec["gen_lens"])}
 
 
+def _runner(spec: dict, generate, gen_lens: list[int]):
+    """`run(logprobs, detokenize)` for _report: one timed kind of pass. Where the spec names a directory (`pyspy`),
+    py-spy records the engine core over the passes without log-probs, the work of the job's measured steps."""
+    def run(logprobs: int | None, detokenize: bool) -> dict:
+        profile = Path(spec["pyspy"]) if spec.get("pyspy") and logprobs is None else None
+        return _timed(generate, gen_lens, logprobs, detokenize, profile)
+    return run
+
+
 def _offline(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> dict:
     from vllm import LLM
 
@@ -99,7 +151,7 @@ def _offline(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> d
     def generate(params: list) -> list[list[int]]:
         return [list(o.outputs[0].token_ids) for o in llm.generate(requests, params, use_tqdm=False)]
 
-    return _report(spec, requests, lambda logprobs, detok: _timed(generate, gen_lens, logprobs, detok))
+    return _report(spec, requests, _runner(spec, generate, gen_lens))
 
 
 def _async(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> dict:
@@ -129,8 +181,7 @@ def _async(spec: dict, engine: dict, requests: list, gen_lens: list[int]) -> dic
             return asyncio.run_coroutine_threadsafe(every(params), loop).result()
 
         try:
-            return await asyncio.to_thread(
-                _report, spec, requests, lambda logprobs, detok: _timed(generate, gen_lens, logprobs, detok))
+            return await asyncio.to_thread(_report, spec, requests, _runner(spec, generate, gen_lens))
         finally:
             llm.shutdown()
 

@@ -57,6 +57,14 @@ def wait_for_step(runs: Path, since: float, step: int, timeout: float) -> Path |
     return None
 
 
+def record_command(pid: int, path: Path, seconds: float | None = None) -> list[str]:
+    """py-spy recording a process's stacks by thread, idle ones too, without pausing it, into `path` (raw collapsed
+    stacks); for `seconds`, or until interrupted (SIGINT: py-spy then writes what it has)."""
+    timing = ["--duration", str(int(seconds))] if seconds else []
+    return ["py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads", "--nonblocking",
+            "--format", "raw", "--output", str(path)]
+
+
 def top_frames(path: Path, n: int = 12, per_thread: int = 5) -> dict:
     """The innermost frames that hold the most samples, and the total (py-spy raw: 'a;b;c count'). Recorded with
     `--threads`, each stack starts with its thread ('thread (TID): NAME'): `threads` then gives each thread's share
@@ -97,10 +105,9 @@ def main() -> None:
     if run is None:
         sys.exit(f"pyspy_watch: no run under {args.runs} reached step {args.after_step}")
     found = processes()
-    recorders = {role: subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "100", "--idle",
-         "--threads", "--nonblocking", "--format", "raw", "--output", str(out / f"{role}-{pid}.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for role, pid in found.items()}
+    recorders = {role: subprocess.Popen(record_command(pid, out / f"{role}-{pid}.txt", args.seconds),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for role, pid in found.items()}
     result = {"bench": "pyspy", "run": str(run), "seconds": args.seconds, "pids": found, "profiles": {}}
     for role, proc in recorders.items():
         _, err = proc.communicate(timeout=args.seconds + 60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 
 import pytest
@@ -303,7 +304,13 @@ class LLM:
         if os.environ.get("STAND_IN_BUSY"):
             with open(os.environ["STAND_IN_BUSY"], "a") as f:
                 f.write(f"{_spinners()} ")
+        if os.environ.get("STAND_IN_ENGINE"):  # a child titled as vLLM titles its engine core, gone at exit
+            import atexit, subprocess, sys
+            core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "VLLM::EngineCore"])
+            atexit.register(core.kill)
     def generate(self, requests, params, use_tqdm=False):
+        import os, time
+        time.sleep(float(os.environ.get("STAND_IN_PASS_S", "0")))
         assert len(requests) == len(params)
         return [_Out(p.max_tokens) for p in params]
 ''',
@@ -433,3 +440,31 @@ def test_each_variant_also_runs_beside_busy_cores_that_are_gone_after(tmp_path):
     assert _spinning_now() == before
     kept = json.loads((tmp_path / "configured+busy2" / "ceiling-vllm_configured.spec.json").read_text())
     assert kept["busy_cores"] == 2
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
+def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_path):
+    """`--pyspy`: real py-spy on the ceiling's child titled VLLM::EngineCore (a sleeping stand-in) over the timed
+    passes without log-probs, its stacks kept in the variant's directory and summed up in the line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, text in _VLLM_STAND_IN.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
+            "engine_args": {"enable_sleep_mode": True}}
+    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
+           "STAND_IN_ENGINE": "1", "STAND_IN_PASS_S": "0.3"}
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
+                           "--without-logprobs", "--pyspy"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout.strip().splitlines()[-1])["runs"]["configured"]
+    (pid, profile), = run["pyspy"].items()
+    assert profile["samples"] > 10, profile
+    assert any("sleep" in frame or "<module>" in frame for frame, _ in profile["top"]), profile["top"]
+    assert (tmp_path / "configured" / "pyspy" / f"EngineCore-{pid}.txt").exists()
