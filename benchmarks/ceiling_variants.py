@@ -99,7 +99,7 @@ def main() -> None:
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"],
                        **({"without_logprobs_seconds": bare["seconds"]} if bare else {}),
                        **({"pyspy": bare["pyspy"]} if bare.get("pyspy") else {}),
-                       **({"engine_steps": result["engine_steps"]} if result.get("engine_steps") else {})})
+                       **{k: result[k] for k in ("engine_steps", "engine_gc") if result.get(k)}})
         print(f"ceiling_variants: {name} {json.dumps(runs[name])}", file=sys.stderr, flush=True)  # as each ends
     first = next(iter(runs.values()))  # `configured` on the first frontend
     base, bare_base = first.get("seconds"), first.get("without_logprobs_seconds")

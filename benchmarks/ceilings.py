@@ -296,8 +296,11 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     if proc.returncode != 0 or not path.exists():
         return {"error": (proc.stderr or proc.stdout)[-1500:]}
     result = json.loads(path.read_text())
-    steps = engine_steps(log, result)
-    return {**result, "engine_steps": steps} if steps else result
+    from benchmarks.iterations import gc_pauses
+
+    # vLLM's logged engine steps, and its collections where the caller set VLLM_GC_DEBUG=1
+    logged = {"engine_steps": engine_steps(log, result), "engine_gc": gc_pauses(log)}
+    return {**result, **{key: value for key, value in logged.items() if value}}
 
 
 def engine_steps(log: str, result: dict) -> dict | None:

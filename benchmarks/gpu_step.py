@@ -348,9 +348,13 @@ def main(argv: list[str] | None = None) -> None:
     # vLLM's own count of its engine steps and their kinds, where the job asked it to log them
     # (enable_logging_iteration_details: benchmarks/iterations.py), over the job's rollouts
     log = run_dir / "bench_stdout.log"
-    engine = iterations.parse(log.read_text(errors="replace")) if lines and log.exists() else []
+    text = log.read_text(errors="replace") if lines and log.exists() else ""
+    engine = iterations.parse(text)
     if engine:
         result["phases"]["generate"]["engine_steps"] = iterations.summary(engine, rollouts=len(lines))
+    collections = iterations.gc_pauses(text)  # where the job ran with VLLM_GC_DEBUG=1: the engine core's
+    if collections:
+        result["phases"]["generate"]["engine_gc"] = collections
     if ended["exit_code"] != 0:  # the steps measured are those before it stopped: say why it did
         result["ended"] = ended
     # the baseline is one job (16 x 8, 256 tokens a turn, one GPU): any other batch is other work, not a speedup

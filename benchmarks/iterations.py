@@ -15,6 +15,14 @@ scheduling the next step is scheduled while this one runs): near zero where the 
 sets the pace.
 One JSON line per log: the steps by kind (decode-only, prefill-only, mixed), each kind's median and total wait, the
 largest batch, and for a job's log the steps per rollout where the number of rollouts is given (`--rollouts`).
+
+Where vLLM's engine core also logged its garbage collections (`VLLM_GC_DEBUG=1` in its environment: for a job,
+`+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_GC_DEBUG=1`; a ceiling inherits the caller's), `gc` sums them by
+generation: how many, their seconds in all and the longest, over the whole log:
+
+    (EngineCore pid=9) INFO 12-07 08:40:01 [gc_utils.py:86] GC took 0.412ms to complete. Collected 12 objects (out of 731) in GC generation 0.
+
+The Python the engine runs between its GPU steps sets a small model's pace; its collections are part of that Python.
 """
 from __future__ import annotations
 
@@ -32,6 +40,33 @@ from benchmarks.record import emit  # noqa: E402
 
 LINE = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
                   r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms")
+
+
+GC_LINE = re.compile(r"\(EngineCore[^)]*pid=(\d+)\).*?GC took ([\d.]+)ms to complete\. Collected (\S+) objects "
+                     r"\(out of (\d+)\) in GC generation (\d)")
+
+
+def gc_pauses(text: str) -> dict | None:
+    """The engine core's logged garbage collections by generation (count, seconds in all, longest ms, median objects
+    scanned), or None where it logged none. vLLM attaches its GC logger in the engine core and again in the GPU worker,
+    which `uni` runs in the same process: one collection then logs two lines in a row, counted once."""
+    found, last = [], None
+    for m in GC_LINE.finditer(text):
+        key = (m[1], m[5], m[4], m[3])  # pid, generation, objects scanned, collected
+        if key == last:
+            last = None
+            continue
+        last = key
+        found.append((int(m[5]), float(m[2]), int(m[4])))
+    if not found:
+        return None
+    out: dict = {}
+    for generation in sorted({g for g, _, _ in found}):
+        ms = [t for g, t, _ in found if g == generation]
+        out[f"gen{generation}"] = {"collections": len(ms), "total_s": round(sum(ms) / 1000, 4), "max_ms": max(ms),
+                                   "median_objects": statistics.median(n for g, _, n in found if g == generation)}
+    out["total_s"] = round(sum(t for _, t, _ in found) / 1000, 4)
+    return out
 
 
 def parse(text: str) -> list[dict]:
@@ -64,8 +99,10 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=None, help="rollouts in each log (a job's steps), for steps_per_rollout")
     args = ap.parse_args()
     for log in args.logs:
-        steps = parse(log.read_text(errors="replace"))
-        emit("iterations", {"bench": "iterations", "log": str(log), **summary(steps, args.rollouts)})
+        text = log.read_text(errors="replace")
+        gc = gc_pauses(text)
+        emit("iterations", {"bench": "iterations", "log": str(log), **summary(parse(text), args.rollouts),
+                            **({"gc": gc} if gc else {})})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -57,11 +58,17 @@ def wait_for_step(runs: Path, since: float, step: int, timeout: float) -> Path |
     return None
 
 
+def py_spy() -> str | None:
+    """py-spy's executable: on the PATH, or beside this Python (a virtual environment not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 def record_command(pid: int, path: Path, seconds: float | None = None) -> list[str]:
     """py-spy recording a process's stacks by thread, idle ones too, without pausing it, into `path` (raw collapsed
     stacks); for `seconds`, or until interrupted (SIGINT: py-spy then writes what it has)."""
     timing = ["--duration", str(int(seconds))] if seconds else []
-    return ["py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads", "--nonblocking",
+    return [py_spy() or "py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads", "--nonblocking",
             "--format", "raw", "--output", str(path)]
 
 

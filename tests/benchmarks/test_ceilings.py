@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 
 import pytest
 
 from benchmarks.ceilings import ratios
+from benchmarks.pyspy_watch import py_spy
 
 TOKENS, GENERATED = 40463, 31591
 
@@ -442,7 +442,7 @@ def test_each_variant_also_runs_beside_busy_cores_that_are_gone_after(tmp_path):
     assert kept["busy_cores"] == 2
 
 
-@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
+@pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_path):
     """`--pyspy`: real py-spy on the ceiling's child titled VLLM::EngineCore (a sleeping stand-in) over the timed
     passes without log-probs, its stacks kept in the variant's directory and summed up in the line."""

@@ -41,3 +41,26 @@ def test_a_ceilings_logged_steps_are_counted_over_its_generate_calls():
     assert with_and_without["steps"] == 6 * (RUNS + 1) and with_and_without["steps_per_rollout"] == 3.0
     assert engine_steps(log, {"seconds": 1.0})["steps_per_rollout"] == 6.0  # one run: a warm-up and RUNS passes
     assert engine_steps("vLLM logged no iterations", {"seconds": 1.0}) is None
+
+
+def gc_line(pid, ms, collected, scanned, generation, process="EngineCore"):
+    return (f"({process} pid={pid}) INFO 12-07 08:40:01 [gc_utils.py:86] GC took {ms}ms to complete. "
+            f"Collected {collected} objects (out of {scanned}) in GC generation {generation}.\n")
+
+
+def test_the_engine_cores_collections_are_summed_by_generation_each_counted_once(tmp_path):
+    """VLLM_GC_DEBUG=1: vLLM logs each collection of the engine core once from the engine and once from its GPU worker
+    in the same process; each collection counts once, and other processes' collections are not the engine's."""
+    log = tmp_path / "bench_stdout.log"
+    log.write_text(line(0, 0, 0, 12, 12, "0.20")
+                   + gc_line(9, "0.300", 10, 700, 0) + gc_line(9, "0.310", 10, 700, 0)  # one collection, two loggers
+                   + gc_line(9, "0.500", 4, 900, 0) + gc_line(9, "0.510", 4, 900, 0)
+                   + "(vLLMHttpServer pid=4) " + gc_line(9, "9.000", 1, 5, 1, process="APIServer")
+                   + gc_line(9, "12.000", 300, 250000, 2) + gc_line(9, "12.100", 300, 250000, 2))
+    out = subprocess.run([sys.executable, "benchmarks/iterations.py", str(log)], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    gc = json.loads(out.stdout)["gc"]
+    assert gc["gen0"] == {"collections": 2, "total_s": 0.0008, "max_ms": 0.5, "median_objects": 800}
+    assert gc["gen2"]["collections"] == 1 and gc["gen2"]["max_ms"] == 12.0 and "gen1" not in gc
+    assert gc["total_s"] == 0.0128
+    assert iterations.gc_pauses(line(0, 0, 0, 1, 1, "0.1")) is None

@@ -1,14 +1,13 @@
 """benchmarks/pyspy_watch.py's CPU side: it finds verl's processes by role and reads py-spy's raw profiles."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from benchmarks.pyspy_watch import processes, top_frames
+from benchmarks.pyspy_watch import processes, py_spy, top_frames
 
 
 def test_innermost_frames_are_counted_by_their_share_of_samples(tmp_path):
@@ -61,7 +60,7 @@ def test_the_prestarted_agent_loop_worker_is_found_as_the_agent_loop_worker():
     assert [role for role in ROLES if role in f"ray::{AgentLoopWorkerPrestarted.__name__}"] == ["AgentLoopWorker"]
 
 
-@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
+@pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 def test_a_run_reaching_its_step_is_sampled(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(999))", "ray::WorkerDict"])
     try:
