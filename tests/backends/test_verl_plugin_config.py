@@ -351,3 +351,16 @@ def test_vllm_workers_get_the_receipts_extension_unless_the_guard_or_the_user_sa
     mine = compose(tmp_path, tiny_model_dir, [],
                    raw=["+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my.Ext"])
     assert mine.actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls == "my.Ext"
+
+
+def test_ray_env_vars_reach_the_workers_as_the_text_they_were_written_as(tmp_path, tiny_model_dir):
+    """Ray's runtime env takes text only; Hydra reads `=1` as a number and `=true` as a boolean."""
+    key = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    cfg = compose(tmp_path, tiny_model_dir, raw=[f"{key}.VLLM_GC_DEBUG=1", f"{key}.SOME_FLAG=true",
+                                                 f"{key}.SCALE=0.5", f"{key}.DROPPED=null", f"{key}.NAME=x"])
+    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert {k: env[k] for k in ("VLLM_GC_DEBUG", "SOME_FLAG", "SCALE", "NAME")} == {
+        "VLLM_GC_DEBUG": "1", "SOME_FLAG": "true", "SCALE": "0.5", "NAME": "x"}
+    assert "DROPPED" not in env and all(isinstance(v, str) for v in env.values())
+    with pytest.raises(ConfigError, match=r"env_vars\.PATHS: an environment variable's value is text, not \['a'\]"):
+        compose(tmp_path, tiny_model_dir, raw=[f"{key}.PATHS=[a]"])

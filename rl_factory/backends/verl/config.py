@@ -40,6 +40,8 @@ REWARD_FN_PATH = "pkg://rl_factory.backends.verl.reward"
 LOGGERS = {"console": "console", "jsonl": LOGGER_NAME, "tensorboard": "tensorboard", "wandb": "wandb"}
 # Options verl's algorithm config holds itself; the rest travel in OPTIONS_ENV (see plugin.py).
 VERL_OPTIONS = {"norm_by_std", "gamma", "lam"}
+# Ray's runtime env: its variables reach every worker of every node, and are text only
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 
 def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) -> dict[str, Any]:
@@ -130,7 +132,7 @@ def verl_values(ours: RunConfig, data_files: dict[str, str], model_path: str) ->
     if extra_opts:
         env_vars[OPTIONS_ENV] = json.dumps(extra_opts)
     for name, value in env_vars.items():  # Ray's runtime_env carries them to every node's workers
-        values[f"ray_kwargs.ray_init.runtime_env.env_vars.{name}"] = value
+        values[f"{ENV_VARS}.{name}"] = value
     return values
 
 
@@ -201,9 +203,31 @@ def compose_verl(ours: RunConfig, raw_overrides: list[str], data_files: dict[str
         _add_external_lib(cfg, "actor_rollout_ref.model", given)
         if _critic(cfg):
             _add_external_lib(cfg, "critic.model", given)
+    _env_vars_as_text(cfg)
     with open_dict(cfg):  # our whole config as given, for the workers (each parses it once)
         cfg.rl_factory = OmegaConf.create(ours.composed)
     return cfg
+
+
+def _env_vars_as_text(cfg: DictConfig) -> None:
+    """Ray's runtime env takes text only, and Hydra reads `env_vars.VLLM_GC_DEBUG=1` as a number: a number or a
+    boolean becomes the text it was written as (true/false in lower case), null drops the variable, and anything
+    else (a list, a mapping) is refused here by name, not by Ray once the launch is under way."""
+    env = OmegaConf.select(cfg, ENV_VARS)
+    if env is None:
+        return
+    with open_dict(env):
+        for name in list(env.keys()):
+            value = env[name]
+            if value is None:
+                del env[name]
+            elif isinstance(value, bool):
+                env[name] = str(value).lower()
+            elif isinstance(value, (int, float)):
+                env[name] = str(value)
+            elif not isinstance(value, str):
+                raise ConfigError(f"{ENV_VARS}.{name}: an environment variable's value is text, not "
+                                  f"{OmegaConf.to_container(value)!r}")
 
 
 def _given(key: str, given: set[str]) -> bool:
