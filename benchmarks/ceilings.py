@@ -9,10 +9,8 @@ by the actor's token budget (gpu_step.py's docstring says what each matches).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -57,41 +55,12 @@ def _params(gen_lens: list[int], logprobs: int | None, detokenize: bool) -> list
                            detokenize=detokenize) for n in gen_lens]
 
 
-def _engine_cores() -> list[int]:
-    """The pids of this process's children that are vLLM engine cores (vLLM titles them VLLM::EngineCore)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            title = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid() and b"EngineCore" in title:
-            found.append(int(stat.parent.name))
-    return found
-
-
-@contextlib.contextmanager
 def _profiled(out: Path | None):
-    """py-spy on vLLM's engine core while the block runs (`out`: where its collapsed stacks go), its summary set in
-    the dict yielded: the engine's loop offline, beside the same loop behind verl's server (gpu_suite.sh profile)."""
-    summary: dict = {}
-    if out is None:
-        yield summary
-        return
-    from benchmarks.pyspy_watch import record_command, top_frames
+    """py-spy on this process's vLLM engine core (VLLM::EngineCore) while the block runs, where `out` is given: the
+    engine's loop offline, beside the same loop behind verl's server (gpu_suite.sh profile)."""
+    from benchmarks.pyspy_watch import children_titled, recording
 
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {pid: out / f"EngineCore-{pid}.txt" for pid in _engine_cores()}
-    recorders = {pid: subprocess.Popen(record_command(pid, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       text=True) for pid, path in paths.items()}
-    try:
-        yield summary
-    finally:
-        for pid, proc in recorders.items():  # py-spy writes its profile when interrupted
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
-            summary[str(pid)] = top_frames(paths[pid]) if paths[pid].exists() else {"error": err[-500:]}
+    return recording(out, children_titled("EngineCore") if out else [])
 
 
 def _timed(generate, gen_lens: list[int], logprobs: int | None, detokenize: bool = False,

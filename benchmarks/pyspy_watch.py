@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +73,42 @@ def record_command(pid: int, path: Path, seconds: float | None = None) -> list[s
     timing = ["--duration", str(int(seconds))] if seconds else []
     return [py_spy() or "py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads", "--nonblocking",
             "--format", "raw", "--output", str(path)]
+
+
+def children_titled(title: str) -> list[int]:
+    """The pids of this process's children whose command line names `title` (vLLM titles its engine core
+    VLLM::EngineCore)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and title.encode() in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@contextlib.contextmanager
+def recording(out: Path | None, pids: list[int], role: str = "EngineCore"):
+    """py-spy on each of `pids` while the block runs, its collapsed stacks in `out` (`<role>-<pid>.txt`), each
+    profile's summary (top_frames) set in the dict yielded once the block ends. Nothing where `out` is None."""
+    summary: dict = {}
+    if out is None:
+        yield summary
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {pid: out / f"{role}-{pid}.txt" for pid in pids}
+    recorders = {pid: subprocess.Popen(record_command(pid, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True) for pid, path in paths.items()}
+    try:
+        yield summary
+    finally:
+        for pid, proc in recorders.items():  # py-spy writes its profile when interrupted
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            summary[str(pid)] = top_frames(paths[pid]) if paths[pid].exists() else {"error": err[-500:]}
 
 
 def top_frames(path: Path, n: int = 12, per_thread: int = 5) -> dict:
