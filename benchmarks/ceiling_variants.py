@@ -11,7 +11,9 @@ requests, the engine arguments). Each variant runs benchmarks/ceilings.py in a f
 that argument dropped (vLLM's default) and the rest as configured, and reports the median of its timed runs beside
 the configured one's: a variant faster than `configured` names an argument that costs generation. `--set NAME=JSON`
 adds a variant of its own: those engine arguments over the configured ones (a key inside `compilation_config` replaces
-only that key; null drops an argument). `--frontends llm async` runs each variant through vLLM's offline `LLM` and
+only that key; null drops an argument; `env`, a JSON object, sets environment variables of the variant's process:
+`--set 'spawn={"env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}}'` starts vLLM's engine core as verl's server
+does, spawned, not forked). `--frontends llm async` runs each variant through vLLM's offline `LLM` and
 through `AsyncLLM`, the engine client verl's server runs (`NAME@async`): what the server's frontend costs.
 `--busy-cores N` runs each also with N processes spinning on the host (`NAME+busyN`): whether the CPU a job's other
 processes use beside its rollout slows vLLM's engine loop. `--pyspy` records vLLM's engine core with py-spy over each
@@ -91,9 +93,11 @@ def main() -> None:
         name = (name if frontend == "llm" else f"{name}@{frontend}") + (f"+busy{busy}" if busy else "")
         (args.out / name).mkdir(exist_ok=True)  # each variant's spec and result in a directory of its own
         profile = {"pyspy": str(args.out / name / "pyspy")} if args.pyspy else {}
+        engine_args = dict(engine_args)
+        env = engine_args.pop("env", None) or {}  # a --set variant's environment, not an engine argument
         result = measure_ceiling("vllm_configured", {**spec, "engine_args": engine_args, "frontend": frontend,
                                                      "without_logprobs": args.without_logprobs, "busy_cores": busy,
-                                                     **profile}, args.out / name)
+                                                     **profile, **({"env": env} if env else {})}, args.out / name)
         bare = result.get("without_logprobs") or {}
         runs[name] = ({"error": result["error"][-300:]} if "error" in result else
                       {"seconds": result["seconds"], "all_seconds": result["all_seconds"],

@@ -253,7 +253,8 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
     try:
         proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
                               cwd=ROOT, capture_output=True, text=True,
-                              env=dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0"))
+                              env={**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                                   **{k: str(v) for k, v in (spec.get("env") or {}).items()}})
     finally:
         for spinner in busy:
             spinner.kill()

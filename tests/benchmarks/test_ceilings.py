@@ -304,6 +304,9 @@ class LLM:
         if os.environ.get("STAND_IN_BUSY"):
             with open(os.environ["STAND_IN_BUSY"], "a") as f:
                 f.write(f"{_spinners()} ")
+        if os.environ.get("STAND_IN_ENV_SEEN"):
+            with open(os.environ["STAND_IN_ENV_SEEN"], "a") as f:
+                f.write(os.environ.get("STAND_IN_MARK", "-") + " ")
         if os.environ.get("STAND_IN_ENGINE"):  # a child titled as vLLM titles its engine core, gone at exit
             import atexit, subprocess, sys
             core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "VLLM::EngineCore"])
@@ -468,3 +471,30 @@ def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_pa
     assert profile["samples"] > 10, profile
     assert any("sleep" in frame or "<module>" in frame for frame, _ in profile["top"]), profile["top"]
     assert (tmp_path / "configured" / "pyspy" / f"EngineCore-{pid}.txt").exists()
+
+
+def test_a_set_variant_may_set_its_processs_environment(tmp_path):
+    """`--set 'NAME={"env": {...}}'`: environment variables of that variant's ceiling process, not engine arguments."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, text in _VLLM_STAND_IN.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    root = Path(__file__).resolve().parents[2]
+    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
+            "engine_args": {"enable_sleep_mode": True}}
+    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
+    seen = tmp_path / "seen.txt"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
+           "STAND_IN_ENV_SEEN": str(seen)}
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only", "--set",
+                           'marked={"env": {"STAND_IN_MARK": "x"}, "max_num_seqs": 64}'],
+                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(json.loads(done.stdout.strip().splitlines()[-1])["runs"]) == ["configured", "marked"]
+    assert seen.read_text().split() == ["-", "x"]
+    kept = json.loads((tmp_path / "marked" / "ceiling-vllm_configured.spec.json").read_text())
+    assert kept["env"] == {"STAND_IN_MARK": "x"}
+    assert kept["engine_args"] == {"enable_sleep_mode": True, "max_num_seqs": 64}
