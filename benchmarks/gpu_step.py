@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = iterations.parse(text)
     if engine:
         result["phases"]["generate"]["engine_steps"] = iterations.summary(engine, rollouts=len(lines))
-    collections = iterations.gc_pauses(text)  # where the job ran with VLLM_GC_DEBUG=1: the engine core's
+    collections = iterations.gc_pauses(text)  # the engine core's garbage collections, where VLLM_GC_DEBUG=1
     if collections:
         result["phases"]["generate"]["engine_gc"] = collections
     if ended["exit_code"] != 0:  # the steps measured are those before it stopped: say why it did

@@ -20,7 +20,7 @@ Where vLLM's engine core also logged its garbage collections (`VLLM_GC_DEBUG=1` 
 `+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_GC_DEBUG=1`; a ceiling inherits the caller's), `gc` sums them by
 generation: how many, their seconds in all and the longest, over the whole log:
 
-    (EngineCore pid=9) INFO 12-07 08:40:01 [gc_utils.py:86] GC took 0.412ms to complete. Collected 12 objects (out of 731) in GC generation 0.
+    (EngineCore pid=9) INFO ... GC took 0.412ms to complete. Collected 12 objects (out of 731) in GC generation 0.
 
 The Python the engine runs between its GPU steps sets a small model's pace; its collections are part of that Python.
 """
