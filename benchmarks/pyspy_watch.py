@@ -71,8 +71,8 @@ def record_command(pid: int, path: Path, seconds: float | None = None) -> list[s
     """py-spy recording a process's stacks by thread, idle ones too, without pausing it, into `path` (raw collapsed
     stacks); for `seconds`, or until interrupted (SIGINT: py-spy then writes what it has)."""
     timing = ["--duration", str(int(seconds))] if seconds else []
-    return [py_spy() or "py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads", "--nonblocking",
-            "--format", "raw", "--output", str(path)]
+    return [py_spy() or "py-spy", "record", "--pid", str(pid), *timing, "--rate", "100", "--idle", "--threads",
+            "--nonblocking", "--format", "raw", "--output", str(path)]
 
 
 def children_titled(title: str) -> list[int]:
