@@ -381,7 +381,8 @@ def test_an_unknown_frontend_is_refused_by_name():
                       "frontend": "http"})
 
 
-def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
+def _variants_with_stand_in(tmp_path, *args: str, **env: str) -> dict:
+    """benchmarks/ceiling_variants.py end to end, vLLM stood in for, on a spec of two requests: its JSON line."""
     import subprocess
     import sys
     from pathlib import Path
@@ -393,16 +394,24 @@ def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
     spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
             "engine_args": {"enable_sleep_mode": True}}
     (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
-           "STAND_IN_SHUTDOWN": str(tmp_path / "down")}
-    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
-                           "--without-logprobs", "--frontends", "llm", "async"],
-                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), *args], cwd=root,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}",
+                               "BENCH_RESULTS_DIR": "", **env})
     assert done.returncode == 0, done.stderr[-2000:]
-    line = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _kept_spec(tmp_path, variant: str) -> dict:
+    return json.loads((tmp_path / variant / "ceiling-vllm_configured.spec.json").read_text())
+
+
+def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
+    line = _variants_with_stand_in(tmp_path, "--only", "--without-logprobs", "--frontends", "llm", "async",
+                                   STAND_IN_SHUTDOWN=str(tmp_path / "down"))
     assert list(line["runs"]) == ["configured", "configured@async"]
     assert set(line["over_configured"]) == set(line["over_configured_without_logprobs"]) == set(line["runs"])
-    kept = json.loads((tmp_path / "configured@async" / "ceiling-vllm_configured.spec.json").read_text())
+    kept = _kept_spec(tmp_path, "configured@async")
     assert kept["frontend"] == "async" and kept["without_logprobs"] is True
 
 
@@ -419,55 +428,22 @@ def _spinning_now() -> int:
 def test_each_variant_also_runs_beside_busy_cores_that_are_gone_after(tmp_path):
     """`--busy-cores 2`: each variant once on an idle host and once with two spinning processes beside it, which are
     running while vLLM is built and gone once the variant ends."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    for name, text in _VLLM_STAND_IN.items():
-        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / name).write_text(text)
-    root = Path(__file__).resolve().parents[2]
-    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
-            "engine_args": {"enable_sleep_mode": True}}
-    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
     seen = tmp_path / "spinners.txt"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
-           "STAND_IN_BUSY": str(seen)}
     before = _spinning_now()
-    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
-                           "--busy-cores", "2"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    line = json.loads(done.stdout.strip().splitlines()[-1])
+    line = _variants_with_stand_in(tmp_path, "--only", "--busy-cores", "2", STAND_IN_BUSY=str(seen))
     assert list(line["runs"]) == ["configured", "configured+busy2"]
     assert [int(n) - before for n in seen.read_text().split()] == [0, 2]  # as each variant's vLLM was built
     assert _spinning_now() == before
-    kept = json.loads((tmp_path / "configured+busy2" / "ceiling-vllm_configured.spec.json").read_text())
-    assert kept["busy_cores"] == 2
+    assert _kept_spec(tmp_path, "configured+busy2")["busy_cores"] == 2
 
 
 @pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_path):
     """`--pyspy`: real py-spy on the ceiling's child titled VLLM::EngineCore (a sleeping stand-in) over the timed
     passes without log-probs, its stacks kept in the variant's directory and summed up in the line."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    for name, text in _VLLM_STAND_IN.items():
-        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / name).write_text(text)
-    root = Path(__file__).resolve().parents[2]
-    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
-            "engine_args": {"enable_sleep_mode": True}}
-    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
-           "STAND_IN_ENGINE": "1", "STAND_IN_PASS_S": "0.3"}
-    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only",
-                           "--without-logprobs", "--pyspy"], cwd=root, capture_output=True, text=True, timeout=300,
-                          env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    run = json.loads(done.stdout.strip().splitlines()[-1])["runs"]["configured"]
-    (pid, profile), = run["pyspy"].items()
+    line = _variants_with_stand_in(tmp_path, "--only", "--without-logprobs", "--pyspy", STAND_IN_ENGINE="1",
+                                   STAND_IN_PASS_S="0.3")
+    (pid, profile), = line["runs"]["configured"]["pyspy"].items()
     assert profile["samples"] > 10, profile
     assert any("sleep" in frame or "<module>" in frame for frame, _ in profile["top"]), profile["top"]
     assert (tmp_path / "configured" / "pyspy" / f"EngineCore-{pid}.txt").exists()
@@ -475,26 +451,11 @@ def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_pa
 
 def test_a_set_variant_may_set_its_processs_environment(tmp_path):
     """`--set 'NAME={"env": {...}}'`: environment variables of that variant's ceiling process, not engine arguments."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    for name, text in _VLLM_STAND_IN.items():
-        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "site" / name).write_text(text)
-    root = Path(__file__).resolve().parents[2]
-    spec = {"model": "m", "gpu_memory_utilization": 0.5, "n": 2, "prompt_len": 4, "gen_lens": [3, 5], "vocab": 100,
-            "engine_args": {"enable_sleep_mode": True}}
-    (tmp_path / "ceiling-vllm_configured.spec.json").write_text(json.dumps(spec))
     seen = tmp_path / "seen.txt"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{root}", "BENCH_RESULTS_DIR": "",
-           "STAND_IN_ENV_SEEN": str(seen)}
-    done = subprocess.run([sys.executable, "benchmarks/ceiling_variants.py", str(tmp_path), "--only", "--set",
-                           'marked={"env": {"STAND_IN_MARK": "x"}, "max_num_seqs": 64}'],
-                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert list(json.loads(done.stdout.strip().splitlines()[-1])["runs"]) == ["configured", "marked"]
+    marked = 'marked={"env": {"STAND_IN_MARK": "x"}, "max_num_seqs": 64}'
+    line = _variants_with_stand_in(tmp_path, "--only", "--set", marked, STAND_IN_ENV_SEEN=str(seen))
+    assert list(line["runs"]) == ["configured", "marked"]
     assert seen.read_text().split() == ["-", "x"]
-    kept = json.loads((tmp_path / "marked" / "ceiling-vllm_configured.spec.json").read_text())
+    kept = _kept_spec(tmp_path, "marked")
     assert kept["env"] == {"STAND_IN_MARK": "x"}
     assert kept["engine_args"] == {"enable_sleep_mode": True, "max_num_seqs": 64}
