@@ -90,7 +90,7 @@ def time_calls(cfg, keys: list[str], repeats: int) -> dict:
     OmegaConf.update(cfg, "algorithm.rollout_correction.bypass_mode", False)  # the pass runs (recompute)
     verls = trainer_base.get_trainer_cls("sync")
 
-    class CommonOnly(verls):  # fetch.UNREAD alone: the eleventh session's narrowing, which ran on the H200
+    class CommonOnly(verls):  # fetch.UNREAD alone: the first narrowing of the fetch, measured on the H200
         def _compute_old_log_prob(self, batch, metrics):
             with fetch.narrowed(batch):
                 return super()._compute_old_log_prob(batch, metrics)
