@@ -383,11 +383,10 @@ def main(argv: list[str] | None = None) -> None:
         result["ceilings"] = {"vllm_generate": vllm, "vllm_configured": configured, **train}
         result["ratio_to_ceiling"] = ratios(result["phases"], numbers["step"], vllm, train, configured)
     if args.earlier:  # the headline numbers over this launch and the last one of the same job (launches.py)
-        from benchmarks.launches import earlier_launch, join
+        from benchmarks.launches import with_earlier
         from benchmarks.record import machine
 
-        earlier = earlier_launch(result, machine().get("gpu"), Path(args.earlier))
-        result = join(result, earlier) if earlier else {**result, "launches": 1, "earlier_missing": args.earlier}
+        result = with_earlier(result, machine().get("gpu"), Path(args.earlier))
     emit("gpu_step", result)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,9 @@ PHASES = ("generate", "old_log_prob", "update", "update_weights")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two gpu_step records ran one job: SAME_JOB's keys equal, the model's path as one file (`--out
-    outputs/gpu_suite` and ab.py's absolute `<checkout>/outputs/gpu_suite` name the same weights), and vLLM asked
-    for log-probs in both or in neither."""
+def job_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
+    """What makes two gpu_step records two jobs: each differing key of SAME_JOB (the model as one file) and whether
+    vLLM was asked for log-probs, as [a's, b's]; empty for one job."""
     def model(r: dict[str, Any]) -> str | None:
         path = r.get("model")
         return str((ROOT / path).resolve()) if path else None  # an absolute path stays itself
@@ -37,8 +37,23 @@ def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
     def logprobs(r: dict[str, Any]) -> bool:  # whether its measured rollouts asked vLLM for log-probs (gpu_step.py)
         return ((r.get("phases") or {}).get("generate") or {}).get("sampling_logprobs", True)
 
-    return (model(a) == model(b) and logprobs(a) == logprobs(b)
-            and all(a.get(key) == b.get(key) for key in SAME_JOB if key != "model"))
+    keys = {key: (lambda r, key=key: r.get(key)) for key in SAME_JOB if key != "model"}
+    return {key: [read(a), read(b)] for key, read in {"model": model, "sampling_logprobs": logprobs, **keys}.items()
+            if read(a) != read(b)}
+
+
+def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two gpu_step records ran one job: SAME_JOB's keys equal, the model's path as one file (`--out
+    outputs/gpu_suite` and ab.py's absolute `<checkout>/outputs/gpu_suite` name the same weights), and vLLM asked
+    for log-probs in both or in neither."""
+    return not job_differences(a, b)
+
+
+def newest_on(gpu: str | None, results: Path) -> dict[str, Any] | None:
+    """The newest gpu_step record in `results` on the GPU model `gpu`, of whatever job."""
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    return next((line for line in reversed(lines) if line.get("benchmark") == "gpu_step"
+                 and (line.get("machine") or {}).get("gpu") == gpu), None)
 
 
 def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:
@@ -50,6 +65,21 @@ def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> di
                 and same_job(line, result) and line.get("per_step") and line.get("date") != result.get("date")):
             return line
     return None
+
+
+def with_earlier(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any]:
+    """`result` joined with the newest launch of its job in `results` on `gpu`; where there is none, `result` as one
+    launch (`earlier_missing`), and what made the newest launch there another job (`earlier_differs`, also said on
+    stderr at once: an override given to one launch only makes two jobs)."""
+    earlier = earlier_launch(result, gpu, results)
+    if earlier:
+        return join(result, earlier)
+    newest = newest_on(gpu, results)
+    differs = job_differences(newest, result) if newest else {}
+    print(f"gpu_step: --earlier {results}: no launch of this job on {gpu}"
+          + (f"; the newest there differs in {json.dumps(differs)}" if differs else ""), file=sys.stderr)
+    return {**result, "launches": 1, "earlier_missing": str(results),
+            **({"earlier_differs": differs} if differs else {})}
 
 
 def join(result: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +116,7 @@ def join_newest(results: Path) -> dict[str, Any]:
     its earlier record. The newest record's own date, commit, machine and command stay; `joined_by` says how."""
     lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
     newest = next(r for r in reversed(lines) if r.get("benchmark") == "gpu_step")
-    newest = {k: v for k, v in newest.items() if k not in ("launches", "earlier_missing")}
+    newest = {k: v for k, v in newest.items() if k not in ("launches", "earlier_missing", "earlier_differs")}
     earlier = earlier_launch(newest, (newest.get("machine") or {}).get("gpu"), results)
     if earlier is None:
         raise SystemExit(f"{results}: no earlier launch of the newest record's job on {newest.get('machine')}")

@@ -134,6 +134,24 @@ def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is
     assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)
 
 
+def test_a_launch_without_its_job_earlier_says_what_made_the_newest_there_another_job(tmp_path, capsys):
+    """An override given to one launch only (vLLM's iteration log, say) makes two jobs: the launch stays one launch,
+    and the record and stderr name what differed from the newest launch on that GPU."""
+    from benchmarks.launches import with_earlier
+
+    logged = {**launch_record([3.5, 3.6, 3.7, 3.6], [1.0, 1.1, 1.0, 1.1]), "overrides": ["+iterations=true"]}
+    results = tmp_path / "gpu_step.jsonl"
+    results.write_text(json.dumps(logged) + "\n")
+    this = {key: value for key, value in launch_record([3.8, 3.9, 3.8, 4.0], [1.2, 1.2, 1.3, 1.2]).items()
+            if key not in ("benchmark", "date", "commit", "command", "machine")}
+    alone = with_earlier(this, "NVIDIA H200", results)
+    assert alone["launches"] == 1 and alone["earlier_missing"] == str(results)
+    assert alone["earlier_differs"] == {"overrides": [["+iterations=true"], []]}
+    assert "differs in" in capsys.readouterr().err
+    joined = with_earlier({**this, "overrides": ["+iterations=true"]}, "NVIDIA H200", results)
+    assert joined["launches"] == 2 and "earlier_differs" not in joined
+
+
 def test_a_launch_without_ceilings_is_rated_against_the_earlier_launchs():
     """gpu_suite.sh ours_shape measures no ceilings: joined with a launch of the same job that did, the medians over
     both are set beside those, and the record says whose they are."""
