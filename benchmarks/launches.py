@@ -37,9 +37,9 @@ def job_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]
     def logprobs(r: dict[str, Any]) -> bool:  # whether its measured rollouts asked vLLM for log-probs (gpu_step.py)
         return ((r.get("phases") or {}).get("generate") or {}).get("sampling_logprobs", True)
 
-    keys = {key: (lambda r, key=key: r.get(key)) for key in SAME_JOB if key != "model"}
-    return {key: [read(a), read(b)] for key, read in {"model": model, "sampling_logprobs": logprobs, **keys}.items()
-            if read(a) != read(b)}
+    pairs = {"model": (model(a), model(b)), "sampling_logprobs": (logprobs(a), logprobs(b)),
+             **{key: (a.get(key), b.get(key)) for key in SAME_JOB if key != "model"}}
+    return {key: list(pair) for key, pair in pairs.items() if pair[0] != pair[1]}
 
 
 def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.ceilings import ratios
 from benchmarks.pyspy_watch import py_spy
+from tests.benchmarks.spinners import spinning_now
 
 TOKENS, GENERATED = 40463, 31591
 
@@ -306,22 +307,14 @@ class SamplingParams:
 class _Out:
     def __init__(self, n):
         self.outputs = [type("C", (), {"token_ids": list(range(n))})()]
-def _spinners():  # the processes spinning beside this ceiling (ceilings.BUSY_TAG)
-    import os
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            count += b"ceiling-busy-core" in open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            pass
-    return count
 class LLM:
     def __init__(self, model, **engine):
         import os
         self.engine = engine
         if os.environ.get("STAND_IN_BUSY"):
             with open(os.environ["STAND_IN_BUSY"], "a") as f:
-                f.write(f"{_spinners()} ")
+                from tests.benchmarks.spinners import spinning_now
+                f.write(f"{spinning_now()} ")
         if os.environ.get("STAND_IN_ENV_SEEN"):
             with open(os.environ["STAND_IN_ENV_SEEN"], "a") as f:
                 f.write(os.environ.get("STAND_IN_MARK", "-") + " ")
@@ -433,25 +426,15 @@ def test_each_variant_runs_through_each_engine_client_asked_for(tmp_path):
     assert kept["frontend"] == "async" and kept["without_logprobs"] is True
 
 
-def _spinning_now() -> int:
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            count += b"ceiling-busy-core" in open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            pass
-    return count
-
-
 def test_each_variant_also_runs_beside_busy_cores_that_are_gone_after(tmp_path):
     """`--busy-cores 2`: each variant once on an idle host and once with two spinning processes beside it, which are
     running while vLLM is built and gone once the variant ends."""
     seen = tmp_path / "spinners.txt"
-    before = _spinning_now()
+    before = spinning_now()
     line = _variants_with_stand_in(tmp_path, "--only", "--busy-cores", "2", STAND_IN_BUSY=str(seen))
     assert list(line["runs"]) == ["configured", "configured+busy2"]
     assert [int(n) - before for n in seen.read_text().split()] == [0, 2]  # as each variant's vLLM was built
-    assert _spinning_now() == before
+    assert spinning_now() == before
     assert _kept_spec(tmp_path, "configured+busy2")["busy_cores"] == 2
 
 
