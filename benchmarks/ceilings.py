@@ -67,16 +67,23 @@ def _timed(generate, gen_lens: list[int], logprobs: int | None, detokenize: bool
            profile: Path | None = None) -> dict:
     """RUNS timed passes of `generate(params)` (it returns each request's generated token ids) after a warm-up;
     `profile`: a directory for py-spy's stacks of the engine core over the timed passes."""
+    from benchmarks.iterations import PASS_MARK
+
     params = _params(gen_lens, logprobs, detokenize)
     # Warm up on the whole set: a part of it left Triton's sampling kernels to compile inside the timed run at
     # the batch sizes it had not seen (the first timed run was 0.6 s slower, H200, 2026-12-01).
     generate(params)
     times = []
+    # each timed pass marked on stdout, where vLLM's engine core logs too: its collections (VLLM_GC_DEBUG=1) then
+    # fall inside or outside the passes (benchmarks/iterations.py, `in_timed_passes`)
+    kind_of_pass = ("with_logprobs" if logprobs is not None else "without_logprobs") + ("_detokenize" * detokenize)
     with _profiled(profile) as profiles:
         for _ in range(RUNS):
+            print(f"{PASS_MARK} begins: {kind_of_pass}", flush=True)
             t0 = time.perf_counter()
             outs = generate(params)
             times.append(time.perf_counter() - t0)
+            print(f"{PASS_MARK} ends: {kind_of_pass}", flush=True)
     # The median, as the step's phases (medians of the steady steps) and the train ceiling are: identical runs
     # spread by up to a third (1.35-1.80 s, H100, 796e663c020c), and the best of them beside a median step
     # would set a lucky run against a typical one. The best is reported beside it.
@@ -252,7 +259,7 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
             for _ in range(int(spec.get("busy_cores") or 0))]
     try:
         proc = subprocess.run([sys.executable, __file__, name, "--spec", json.dumps(spec), "--result", str(path)],
-                              cwd=ROOT, capture_output=True, text=True,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0",
                                    **{k: str(v) for k, v in (spec.get("env") or {}).items()}})
     finally:
@@ -260,11 +267,12 @@ def measure_ceiling(name: str, spec: dict, out_dir: Path) -> dict:
             spinner.kill()
             spinner.wait()
     # vLLM's own log, kept: what its engine logged per iteration where the rollout's engine arguments ask for it
-    # (enable_logging_iteration_details), beside the job's log of the same lines from the rollout's server
-    log = proc.stdout + proc.stderr
+    # (enable_logging_iteration_details), beside the job's log of the same lines from the rollout's server. One
+    # stream, in the order written: the engine's lines fall between the passes' marks wherever vLLM logs to.
+    log = proc.stdout
     (out_dir / f"ceiling-{name}.log").write_text(log)
     if proc.returncode != 0 or not path.exists():
-        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+        return {"error": log[-1500:]}
     result = json.loads(path.read_text())
     from benchmarks.iterations import gc_pauses
 

@@ -18,7 +18,8 @@ largest batch, and for a job's log the steps per rollout where the number of rol
 
 Where vLLM's engine core also logged its garbage collections (`VLLM_GC_DEBUG=1` in its environment: for a job,
 `+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_GC_DEBUG=1`; a ceiling inherits the caller's), `gc` sums them by
-generation: how many, their seconds in all and the longest, over the whole log:
+generation: how many, their seconds in all and the longest, over the whole log, and in a ceiling's log
+(`benchmarks/ceilings.py` marks each timed pass) those inside its timed passes by kind of pass (`in_timed_passes`):
 
     (EngineCore pid=9) INFO ... GC took 0.412ms to complete. Collected 12 objects (out of 731) in GC generation 0.
 
@@ -44,28 +45,56 @@ LINE = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context to
 
 GC_LINE = re.compile(r"\(EngineCore[^)]*pid=(\d+)\).*?GC took ([\d.]+)ms to complete\. Collected (\S+) objects "
                      r"\(out of (\d+)\) in GC generation (\d)")
+# what a vLLM ceiling prints to its stdout around each timed pass (benchmarks/ceilings.py), where the engine core
+# writes its log too: a collection logged between the two lines fell inside that pass
+PASS_MARK = "rl_factory ceiling pass"
+PASS_LINE = re.compile(rf"^{PASS_MARK} (begins|ends): (\S+)$", re.M)
 
 
 def gc_pauses(text: str) -> dict | None:
     """The engine core's logged garbage collections by generation (count, seconds in all, longest ms, median objects
     scanned), or None where it logged none. vLLM attaches its GC logger in the engine core and again in the GPU worker,
     which `uni` runs in the same process: one collection then logs two lines in a row, counted once."""
-    found, last = [], None
+    found, last, last_end = [], None, 0
     for m in GC_LINE.finditer(text):
         key = (m[1], m[5], m[4], m[3])  # pid, generation, objects scanned, collected
-        if key == last:
+        # the second logger's line follows the first's directly; the same numbers lines apart are another collection
+        if key == last and text.count("\n", last_end, m.start()) <= 1:
             last = None
             continue
-        last = key
-        found.append((int(m[5]), float(m[2]), int(m[4])))
+        last, last_end = key, m.end()
+        found.append((int(m[5]), float(m[2]), int(m[4]), m.start()))
     if not found:
         return None
     out: dict = {}
-    for generation in sorted({g for g, _, _ in found}):
-        ms = [t for g, t, _ in found if g == generation]
+    for generation in sorted({g for g, *_ in found}):
+        ms = [t for g, t, *_ in found if g == generation]
         out[f"gen{generation}"] = {"collections": len(ms), "total_s": round(sum(ms) / 1000, 4), "max_ms": max(ms),
-                                   "median_objects": statistics.median(n for g, _, n in found if g == generation)}
-    out["total_s"] = round(sum(t for _, t, _ in found) / 1000, 4)
+                                   "median_objects": statistics.median(n for g, _, n, _ in found if g == generation)}
+    out["total_s"] = round(sum(t for _, t, *_ in found) / 1000, 4)
+    passes = in_passes(text, [(at, ms) for _, ms, _, at in found])
+    if passes:
+        out["in_timed_passes"] = passes
+    return out
+
+
+def in_passes(text: str, collections: list[tuple[int, float]]) -> dict:
+    """The collections (position in the log, ms) that fell inside a ceiling's timed passes, by kind of pass: a
+    pause there slows the ceiling the job is set beside, where one at start-up or in the warm-up does not."""
+    spans, opened = [], {}
+    for m in PASS_LINE.finditer(text):
+        if m[1] == "begins":
+            opened[m[2]] = m.end()
+        elif m[2] in opened:
+            spans.append((opened.pop(m[2]), m.start(), m[2]))
+    out: dict = {}
+    for start, end, kind_of_pass in spans:
+        inside = [ms for at, ms in collections if start <= at < end]
+        got = out.setdefault(kind_of_pass, {"passes": 0, "collections": 0, "total_s": 0.0, "max_ms": 0.0})
+        got["passes"] += 1
+        got["collections"] += len(inside)
+        got["total_s"] = round(got["total_s"] + sum(inside) / 1000, 4)
+        got["max_ms"] = max([got["max_ms"], *inside])
     return out
 
 

@@ -307,6 +307,9 @@ class SamplingParams:
 class _Out:
     def __init__(self, n):
         self.outputs = [type("C", (), {"token_ids": list(range(n))})()]
+def _collection(scanned):
+    return (f"(EngineCore_DP0 pid=7) INFO 12-07 11:01:02 [gc_utils.py:86] GC took 500.0ms to complete. "
+            f"Collected 3 objects (out of {scanned}) in GC generation 2.")
 class LLM:
     def __init__(self, model, **engine):
         import os
@@ -322,9 +325,13 @@ class LLM:
             import atexit, subprocess, sys
             core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "VLLM::EngineCore"])
             atexit.register(core.kill)
+        if os.environ.get("STAND_IN_GC"):  # as VLLM_GC_DEBUG=1 has the engine core log a collection at start-up
+            print(_collection(900000), flush=True)
     def generate(self, requests, params, use_tqdm=False):
         import os, time
         time.sleep(float(os.environ.get("STAND_IN_PASS_S", "0")))
+        if os.environ.get("STAND_IN_GC") and params[0].logprobs is not None:  # and in every pass with log-probs
+            print(_collection(800000), flush=True)
         assert len(requests) == len(params)
         return [_Out(p.max_tokens) for p in params]
 ''',
@@ -448,6 +455,17 @@ def test_py_spy_records_the_engine_core_over_the_passes_without_log_probs(tmp_pa
     assert profile["samples"] > 10, profile
     assert any("sleep" in frame or "<module>" in frame for frame, _ in profile["top"]), profile["top"]
     assert (tmp_path / "configured" / "pyspy" / f"EngineCore-{pid}.txt").exists()
+
+
+def test_the_engines_collections_inside_the_timed_passes_are_told_apart_from_start_ups(tmp_path):
+    """VLLM_GC_DEBUG=1 before a ceiling: the engine's collections are summed, and those inside its timed passes are
+    counted by kind of pass, read from one stream in the order written whichever one vLLM logs to."""
+    gc = _variants_with_stand_in(tmp_path, "--only", "--without-logprobs", STAND_IN_GC="1")["runs"]["configured"]
+    gc = gc["engine_gc"]
+    assert gc["gen2"]["collections"] == 1 + 1 + 5  # start-up, the warm-up, five timed passes with log-probs
+    assert gc["in_timed_passes"] == {
+        "with_logprobs": {"passes": 5, "collections": 5, "total_s": 2.5, "max_ms": 500.0},
+        "without_logprobs": {"passes": 5, "collections": 0, "total_s": 0.0, "max_ms": 0.0}}
 
 
 def test_a_set_variant_may_set_its_processs_environment(tmp_path):

@@ -64,3 +64,21 @@ def test_the_engine_cores_collections_are_summed_by_generation_each_counted_once
     assert gc["gen2"]["collections"] == 1 and gc["gen2"]["max_ms"] == 12.0 and "gen1" not in gc
     assert gc["total_s"] == 0.0128
     assert iterations.gc_pauses(line(0, 0, 0, 1, 1, "0.1")) is None
+
+
+def test_a_ceilings_collections_are_placed_inside_or_outside_its_timed_passes():
+    """A ceiling marks each timed pass on the stream vLLM logs to: a collection between a pass's marks slowed that pass
+    (by kind of pass), one at start-up or in the warm-up did not; the same numbers lines apart are two collections."""
+    mark = iterations.PASS_MARK
+    text = (gc_line(9, "600.0", 5, 820000, 2)  # start-up
+            + f"{mark} begins: with_logprobs\n" + gc_line(9, "550.0", 7, 810000, 2) + gc_line(9, "551.0", 7, 810000, 2)
+            + line(0, 0, 0, 4, 4, "0.1") + f"{mark} ends: with_logprobs\n"
+            + gc_line(9, "0.2", 1, 700, 0)  # between passes
+            + f"{mark} begins: with_logprobs\n" + gc_line(9, "550.0", 7, 810000, 2) + f"{mark} ends: with_logprobs\n"
+            + f"{mark} begins: without_logprobs\n" + f"{mark} ends: without_logprobs\n")
+    gc = iterations.gc_pauses(text)
+    assert gc["gen2"]["collections"] == 3  # start-up, and one in each pass with log-probs (the first logged twice)
+    assert gc["in_timed_passes"] == {
+        "with_logprobs": {"passes": 2, "collections": 2, "total_s": 1.1, "max_ms": 550.0},
+        "without_logprobs": {"passes": 1, "collections": 0, "total_s": 0.0, "max_ms": 0.0}}
+    assert "in_timed_passes" not in iterations.gc_pauses(gc_line(9, "1.0", 1, 10, 0))  # a job's log: no passes
