@@ -13,6 +13,10 @@ name holds the window's text: by default verl's update and weight-sync methods, 
 sets, overlaps counted once) and that share, the longest kernels there and the CUDA runtime calls that wait
 (`cudaMalloc`, `cudaFree`, synchronizations) with their count and seconds. A window the GPU is busy for most of is
 compute-bound; one where it idles is bound by the host: Python, launches, allocation or waiting for another process.
+`kernel_s_by_launcher` splits a window's kernel seconds by the part of the step whose Python launched them (the
+log-probs from the LM head, the loss, the optimizer, the batch's copy to the device, the model's forward, Python
+backward functions; `no_python_frame`: autograd's C++ backward, run on its own thread), read from the frames open on
+the launching thread at the launch (`FRAME_GROUPS`).
 """
 from __future__ import annotations
 
@@ -36,6 +40,21 @@ WINDOW_CATEGORIES = ("user_annotation", "python_function", "cpu_op")
 # runtime calls that block the host or the device: what an idle GPU inside a window may be waiting on
 WAITS = ("cudaMalloc", "cudaFree", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
          "cudaMemcpy", "cuMemMap", "cuMemUnmap", "cuMemCreate", "cuMemRelease", "cudaHostAlloc")
+
+
+# which part of the step launched a kernel: the first of these whose text is in the name of a Python frame open on
+# the launching thread when it was launched (`file.py(line): function`), in this order; verl 0.9.1's FSDP engine
+FRAME_GROUPS = (
+    ("lm_head_logprobs", ("_fused_linear_for_ppo", "linear_cross_entropy", "logprobs_from_logits",
+                          "entropy_from_logits")),
+    ("loss", ("ppo_loss", "workers/utils/losses.py", "core_algos.py")),
+    ("optimizer", ("optimizer_step", "clip_grad_norm", "torch/optim/")),
+    ("batch_to_device", ("tensordict/", "prepare_model_inputs")),
+    ("model_forward", ("forward",)),
+    ("backward", ("backward",)),
+)
+# kernels launched where no Python frame was open: autograd's own thread running C++ backward functions, mostly
+NO_FRAME = "no_python_frame"
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -81,18 +100,54 @@ class Union:
         return sum(b - a for a, b in self.spans)
 
 
-def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, top: int = 8) -> dict[str, Any]:
-    """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs)."""
+def launchers(events: list[dict[str, Any]]) -> dict[Any, str]:
+    """Each launch's FRAME_GROUPS label by its correlation id: the Python frames open on the host thread that made
+    the runtime call (cudaLaunchKernel, cudaMemcpyAsync, ...) when it made it, as a stack swept in time order."""
+    frames: dict[tuple, list[tuple[float, float, str]]] = {}
+    calls: dict[tuple, list[tuple[float, Any]]] = {}
+    for e in events:
+        thread = (e.get("pid"), e.get("tid"))
+        if e.get("cat") == "python_function":
+            frames.setdefault(thread, []).append((e["ts"], e["ts"] + e["dur"], e.get("name", "")))
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {}):
+            calls.setdefault(thread, []).append((e["ts"], e["args"]["correlation"]))
+    labels: dict[Any, str] = {}
+    for thread, launched in calls.items():
+        opened = sorted(frames.get(thread, []), key=lambda f: (f[0], -f[1]))  # outer frames first at a tie
+        stack: list[tuple[float, float, str]] = []
+        i = 0
+        for ts, correlation in sorted(launched, key=lambda c: c[0]):
+            while i < len(opened) and opened[i][0] <= ts:
+                while stack and stack[-1][1] < opened[i][0]:
+                    stack.pop()
+                stack.append(opened[i])
+                i += 1
+            while stack and stack[-1][1] < ts:
+                stack.pop()
+            names = [name for _, end, name in stack if end >= ts]
+            labels[correlation] = next((label for label, texts in FRAME_GROUPS
+                                        if any(t in name for t in texts for name in names)),
+                                       "other" if names else NO_FRAME)
+    return labels
+
+
+def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, top: int = 8,
+           labels: dict[Any, str] | None = None) -> dict[str, Any]:
+    """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs), and the
+    kernels' seconds by the part of the step that launched them (`labels`: `launchers`)."""
     where = Union(spans)
     wall = where.total()
     busy = sum(gpu.cover(a, b) for a, b in where.spans)
     kernels: Counter[str] = Counter()
+    by_frame: Counter[str] = Counter()
     waits: Counter[str] = Counter()
     wait_counts: Counter[str] = Counter()
     for e in events:
         cat = e.get("cat", "")
         if cat == "kernel" and where.cover(e["ts"], e["ts"] + e["dur"]) > 0:
             kernels[e["name"][:80]] += e["dur"]
+            if labels is not None:
+                by_frame[labels.get((e.get("args") or {}).get("correlation"), "unlinked")] += e["dur"]
         elif (cat in ("cuda_runtime", "cuda_driver") and e["name"].startswith(WAITS)
               and where.cover(e["ts"], e["ts"] + e["dur"]) > 0):
             waits[e["name"]] += e["dur"]
@@ -100,6 +155,8 @@ def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: 
     return {"occurrences": len(where.spans), "wall_s": round(wall / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
             "gpu_busy_share": round(busy / wall, 3) if wall else None,
             "top_kernels_s": {k: round(v / 1e6, 6) for k, v in kernels.most_common(top)},
+            **({"kernel_s_by_launcher": {k: round(v / 1e6, 6) for k, v in by_frame.most_common()}}
+               if labels is not None else {}),
             "waits": {k: {"calls": wait_counts[k], "s": round(v / 1e6, 6)} for k, v in waits.most_common(top)}}
 
 
@@ -107,11 +164,12 @@ def summarize(events: list[dict[str, Any]], names: tuple[str, ...] = WINDOWS) ->
     gpu = Union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_CATEGORIES])
     host = [e for e in events if e.get("cat") not in GPU_CATEGORIES]
     whole = (min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)) if host else (0.0, 0.0)
-    out = {"trace": window(events, [whole], gpu)}
+    labels = launchers(events)
+    out = {"trace": window(events, [whole], gpu, labels=labels)}
     for name in names:
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
                  if e.get("cat") in WINDOW_CATEGORIES and name in e.get("name", "")]
-        out[name] = window(events, spans, gpu) if spans else None
+        out[name] = window(events, spans, gpu, labels=labels) if spans else None
     return out
 
 

@@ -49,6 +49,40 @@ def test_overlapping_kernels_count_once_and_only_inside_the_window():
     assert out["empty_cache"]["gpu_busy_s"] == 5e-6  # "later" runs half of its 10 µs under it
 
 
+def test_kernels_are_put_to_the_part_of_the_step_whose_python_launched_them():
+    """A kernel links to its launch by correlation id, the launch to the Python frames open on its thread then: the
+    first FRAME_GROUPS entry found among them names it; autograd's thread, with no frame open, is told apart."""
+    def frame(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "python_function", "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+
+    def launch(ts, correlation, tid=1):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": tid, "ts": ts,
+                "dur": 1, "args": {"correlation": correlation}}
+
+    def kernel(ts, dur, correlation):
+        return {"ph": "X", "cat": "kernel", "name": f"k{correlation}", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"correlation": correlation}}
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "actor_update", "pid": 7, "tid": 1, "ts": 0, "dur": 100},
+              frame("verl/workers/engine/fsdp/transformer_impl.py(1549): forward_step", 0, 60),
+              frame("torch/nn/modules/module.py(1750): forward", 2, 20),
+              launch(5, 1), kernel(6, 10, 1),                                       # the model's forward
+              frame("verl/utils/experimental/torch_functional.py(36): _fused_linear_for_ppo_fwd", 25, 10),
+              frame("torch/nn/functional.py(2000): softmax", 26, 5),
+              launch(27, 2), kernel(28, 7, 2),                                      # the fused head, one frame down
+              frame("verl/workers/utils/losses.py(57): ppo_loss", 40, 10),
+              launch(45, 3), kernel(46, 2, 3),
+              launch(55, 4), kernel(56, 1, 4),                                      # forward_step alone: its name
+              launch(70, 5, tid=2), kernel(71, 20, 5),                              # autograd's thread, no frame
+              frame("verl/workers/engine/fsdp/transformer_impl.py(788): optimizer_step", 90, 9),
+              frame("torch/optim/adamw.py(300): _multi_tensor_adamw", 91, 5),
+              launch(92, 6), kernel(93, 4, 6),
+              kernel(97, 1, 99)]                                                    # its launch not in the trace
+    by = trace_summary.summarize(events)["actor_update"]["kernel_s_by_launcher"]
+    assert by == {"no_python_frame": 20e-6, "model_forward": 11e-6, "lm_head_logprobs": 7e-6, "optimizer": 4e-6,
+                  "loss": 2e-6, "unlinked": 1e-6}
+
+
 def test_the_command_reads_the_newest_gzipped_trace_of_a_directory(tmp_path):
     old = cpu_trace(tmp_path / "old.json")
     new = tmp_path / "new.json.gz"
