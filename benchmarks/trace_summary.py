@@ -131,8 +131,8 @@ def launchers(events: list[dict[str, Any]]) -> dict[Any, str]:
     return labels
 
 
-def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, top: int = 8,
-           labels: dict[Any, str] | None = None) -> dict[str, Any]:
+def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, labels: dict[Any, str],
+           top: int = 8) -> dict[str, Any]:
     """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs), and the
     kernels' seconds by the part of the step that launched them (`labels`: `launchers`)."""
     where = Union(spans)
@@ -146,8 +146,7 @@ def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: 
         cat = e.get("cat", "")
         if cat == "kernel" and where.cover(e["ts"], e["ts"] + e["dur"]) > 0:
             kernels[e["name"][:80]] += e["dur"]
-            if labels is not None:
-                by_frame[labels.get((e.get("args") or {}).get("correlation"), "unlinked")] += e["dur"]
+            by_frame[labels.get((e.get("args") or {}).get("correlation"), "unlinked")] += e["dur"]
         elif (cat in ("cuda_runtime", "cuda_driver") and e["name"].startswith(WAITS)
               and where.cover(e["ts"], e["ts"] + e["dur"]) > 0):
             waits[e["name"]] += e["dur"]
@@ -155,8 +154,7 @@ def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: 
     return {"occurrences": len(where.spans), "wall_s": round(wall / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
             "gpu_busy_share": round(busy / wall, 3) if wall else None,
             "top_kernels_s": {k: round(v / 1e6, 6) for k, v in kernels.most_common(top)},
-            **({"kernel_s_by_launcher": {k: round(v / 1e6, 6) for k, v in by_frame.most_common()}}
-               if labels is not None else {}),
+            "kernel_s_by_launcher": {k: round(v / 1e6, 6) for k, v in by_frame.most_common()},
             "waits": {k: {"calls": wait_counts[k], "s": round(v / 1e6, 6)} for k, v in waits.most_common(top)}}
 
 
@@ -165,11 +163,11 @@ def summarize(events: list[dict[str, Any]], names: tuple[str, ...] = WINDOWS) ->
     host = [e for e in events if e.get("cat") not in GPU_CATEGORIES]
     whole = (min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)) if host else (0.0, 0.0)
     labels = launchers(events)
-    out = {"trace": window(events, [whole], gpu, labels=labels)}
+    out = {"trace": window(events, [whole], gpu, labels)}
     for name in names:
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
                  if e.get("cat") in WINDOW_CATEGORIES and name in e.get("name", "")]
-        out[name] = window(events, spans, gpu, labels=labels) if spans else None
+        out[name] = window(events, spans, gpu, labels) if spans else None
     return out
 
 
