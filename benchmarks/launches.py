@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ceilings import ratios
+from benchmarks.record import boot_id
 
 # what makes two launches the same job (the command line may differ in --out, --timeout and --earlier)
 SAME_JOB = ("model", "shape", "agent_loop", "lora_rank", "gpus", "tp", "batch", "n", "steps", "measured_steps", "job",
@@ -56,13 +57,23 @@ def newest_on(gpu: str | None, results: Path) -> dict[str, Any] | None:
                  and (line.get("machine") or {}).get("gpu") == gpu), None)
 
 
+def one_boot(earlier: dict[str, Any], result: dict[str, Any]) -> bool:
+    """False where `earlier` ran on another machine than `result` (its `machine.boot_id`, else this machine's: a
+    launch's result is joined before emit adds its machine): two hosts of one GPU model are not two launches of one
+    job (hosts of one model differed by a third in step time). A record without a boot id is let be."""
+    mine = (result.get("machine") or {}).get("boot_id") or boot_id()
+    theirs = (earlier.get("machine") or {}).get("boot_id")
+    return not (mine and theirs) or mine == theirs
+
+
 def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:
-    """The newest gpu_step record in `results` of the job `result` ran, on the GPU model `gpu`, that has per-step
-    numbers (a record made before they were kept cannot be joined)."""
+    """The newest gpu_step record in `results` of the job `result` ran, on the GPU model `gpu` and the same machine
+    (`one_boot`), that has per-step numbers (a record made before they were kept cannot be joined)."""
     lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
     for line in reversed(lines):
         if (line.get("benchmark") == "gpu_step" and (line.get("machine") or {}).get("gpu") == gpu
-                and same_job(line, result) and line.get("per_step") and line.get("date") != result.get("date")):
+                and same_job(line, result) and line.get("per_step") and line.get("date") != result.get("date")
+                and one_boot(line, result)):
             return line
     return None
 

@@ -51,6 +51,14 @@ def gpu_names() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def boot_id() -> str | None:
+    """The kernel's random id of this boot: two records with the same one ran on one machine, without naming it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on, without the host's name."""
     info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count()}
@@ -68,6 +76,8 @@ def machine() -> dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         pass
     info["python"] = platform.python_version()
+    if boot_id():
+        info["boot_id"] = boot_id()
     if hasattr(os, "getloadavg"):
         info["loadavg_1m"] = round(os.getloadavg()[0], 2)
     return info

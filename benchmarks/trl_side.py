@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -57,7 +58,8 @@ def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict, job:
     """TRL in a process of its own, like ours (same threads, a fresh interpreter); its output in out/worker.log.
 
     `settings` go into the worker's spec as they are (trl_side.py: micro_batch, gradient_checkpointing,
-    vllm_importance_sampling_correction, save). The device's used memory is sampled from here while it runs.
+    vllm_importance_sampling_correction, vllm_enable_sleep_mode, save). The device's used memory is sampled from
+    here while it runs.
     """
     out.mkdir(parents=True, exist_ok=True)
     spec = {"out": str(out), "model": str(model_dir), "schema": tools[0], "steps": args.steps,
@@ -78,8 +80,12 @@ def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict, job:
             code = "timeout"
     wall = time.perf_counter() - start
     steps = json.loads((out / "steps.json").read_text()) if (out / "steps.json").exists() else []
-    if code != 0 and not steps:
-        raise SystemExit(f"vs_trl: the TRL run ended with {code}; {log}:\n{log.read_text(errors='replace')[-3000:]}")
+    if code != 0 and not steps:  # a record still: what stopped it (TRL out of GPU memory is a result)
+        text = log.read_text(errors="replace")
+        print(f"vs_trl: the TRL run ended with {code}; {log}:\n{text[-3000:]}", file=sys.stderr)
+        return {"failed": f"ended with {code} before its first step's end", "error": last_error(text),
+                "wall_s": round(time.perf_counter() - start, 1), "log": str(log),
+                **({"memory_gb": {"device_peak_used": device.result()["peak_used_gb"]}} if device.result() else {})}
     timed = steps[1:] if len(steps) > 1 else steps  # step 1 also builds TRL's caches; ours has no such cost
     result = step_stats([s["step_s"] for s in timed])
     result["split"] = {k: round(statistics.fmean(s[k] for s in timed), 4)
@@ -101,6 +107,13 @@ def run_trl(args, out: Path, tools: list[dict], model_dir: Path, env: dict, job:
     if spec.get("save", True) and code == 0:
         result["final_model"] = str(out / "final")
     return result
+
+
+def last_error(log: str) -> str | None:
+    """The last line of `log` that names an exception (`...Error: ...`), without torchrun's `[rank0]:` prefix."""
+    lines = [line.split("]: ", 1)[-1] if line.startswith("[rank") else line for line in log.splitlines()]
+    errors = [line.strip() for line in lines if re.match(r"^\s*[\w.]+(Error|Exception): ", line)]
+    return errors[-1][:500] if errors else None
 
 
 def phase_medians(steps: list[dict]) -> dict[str, float]:
@@ -285,9 +298,11 @@ def trl_worker(spec: dict) -> None:
     vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": spec["vllm_memory"],
             "vllm_max_model_length": job["max_total_tokens"] + 64} if spec["vllm"] else {}
     # set only where the spec says (a shape run matches ours' job); otherwise TRL's defaults, as before
-    optional = {k: spec[k] for k in ("gradient_checkpointing", "vllm_importance_sampling_correction") if k in spec}
+    optional = {k: spec[k] for k in ("gradient_checkpointing", "vllm_importance_sampling_correction",
+                                     "vllm_enable_sleep_mode") if k in spec}
     if not spec["vllm"]:
         optional.pop("vllm_importance_sampling_correction", None)
+        optional.pop("vllm_enable_sleep_mode", None)
     config = GRPOConfig(
         output_dir=str(out), max_steps=spec["steps"], seed=spec["seed"], use_cpu=not cuda, bf16=cuda,
         per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,

@@ -88,6 +88,14 @@ JOB = {"prompts": 16, "n": 8, "temperature": 1.0, "lr": 3e-4, "warmup_steps": 3,
 TRL_SHAPE_SETTINGS = {"qwen3-0.6b": {"micro_batch": 32, "gradient_checkpointing": False},
                       "qwen3-4b": {"micro_batch": 16, "gradient_checkpointing": True},
                       "qwen3-smoke": {"micro_batch": 64, "gradient_checkpointing": False}}
+# TRL's trainer keeps fp32 weights, their gradients and Adam's two moments (16 bytes a parameter) all step long,
+# beside colocated vLLM's budget. Where the two pass SLEEP_SHARE of the GPU, `--vllm-sleep auto` turns on TRL's
+# `vllm_enable_sleep_mode` (vLLM lets go of its weights and KV cache while TRL trains, as verl's rollout does
+# between generations): without it TRL at 4B stopped out of memory at its first optimizer step on an H100 80GB
+# (64 GB of training state + 24 GB of vLLM), while it fits without on an H200. Waking vLLM costs TRL time, so it is
+# off wherever TRL fits without it.
+TRAINING_BYTES_PER_PARAMETER = 16
+SLEEP_SHARE = 0.85
 
 
 def main() -> None:
@@ -105,6 +113,9 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--vllm", action="store_true", help="TRL generates with vLLM, colocated (needs --device cuda)")
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization")
+    parser.add_argument("--vllm-sleep", choices=["auto", "on", "off"], default="auto",
+                        help="with --shape --vllm: TRL's vllm_enable_sleep_mode (auto: on only where TRL's training "
+                             "state and vLLM's budget would not fit the GPU; see SLEEP_SHARE)")
     parser.add_argument("--max-response-tokens", type=int, default=None,
                         help=f"per turn, both sides (default {JOB['max_response_tokens']}; with --shape gpu_step's)")
     parser.add_argument("--lr", type=float, default=None, help=f"both sides (default {JOB['lr']}; with --shape gpu_step's)")
@@ -133,8 +144,10 @@ def main() -> None:
     if args.dry_run:
         if not args.shape:
             parser.error("--dry-run goes with --shape")
+        from benchmarks.shapes import shape_config_dir
         print(json.dumps({"bench": "vs_trl_dry_run", "shape": args.shape, "steps": args.steps, "job": job(args),
-                          "trl_settings": trl_settings(args), "model": str(Path(args.models) / f"model-{args.shape}")}))
+                          "trl_settings": trl_settings(args, shape_config_dir(args.shape, Path(args.models))),
+                          "model": str(Path(args.models) / f"model-{args.shape}")}))
         return
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="vs_trl-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -142,9 +155,12 @@ def main() -> None:
         missing = trl_missing()
         if missing:
             sys.exit(f"vs_trl: {missing}; --shape runs TRL only: put trl on the path (see benchmarks/README.md)")
-        emit("vs_trl", run_shape(args, out))
-        return
-    emit("vs_trl", run(args, out))
+        result = run_shape(args, out)
+    else:
+        result = run(args, out)
+    emit("vs_trl", result)
+    if (result.get("trl") or {}).get("failed"):  # recorded, and still a failed run for the caller
+        sys.exit(1)
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -203,7 +219,7 @@ def run_shape(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     load_before = os.getloadavg()
     tools, _ = asyncio.run(calculator_model())  # the MCP schema TRL's prompt is rendered with
     model = build_shape(args.shape, Path(args.models))
-    settings = trl_settings(args)
+    settings = trl_settings(args, model)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1),
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     result: dict[str, Any] = {"benchmark": "vs_trl", "shape": args.shape, "steps": args.steps,
@@ -218,13 +234,50 @@ def run_shape(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return result
 
 
-def trl_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """TRL's settings at args.shape: TRL_SHAPE_SETTINGS, no importance-sampling pass (ours' `update` mode has no
-    old-log-prob forward either), no final model (random-init weights: nothing to evaluate)."""
+def trl_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """TRL's settings at args.shape (`model`: a directory with the shape's config.json): TRL_SHAPE_SETTINGS, no
+    importance-sampling pass (ours' `update` mode has no old-log-prob forward either), no final model (random-init
+    weights: nothing to evaluate), and with vLLM whether it sleeps while TRL trains (`vllm_sleep`)."""
     settings = {**TRL_SHAPE_SETTINGS[args.shape], "vllm_importance_sampling_correction": False, "save": False}
     if args.micro_batch:
         settings["micro_batch"] = args.micro_batch
+    if args.vllm:
+        settings["vllm_enable_sleep_mode"], settings["vllm_sleep_why"] = vllm_sleep(
+            args.vllm_sleep, parameter_count(model), args.vllm_memory, device_total_gb())
     return settings
+
+
+def vllm_sleep(choice: str, parameters: int, vllm_memory: float, device_gb: float | None) -> tuple[bool, str]:
+    """Whether TRL's vLLM sleeps while TRL trains, and why: `choice` on/off as asked; auto on where TRL's training
+    state (TRAINING_BYTES_PER_PARAMETER) plus vLLM's budget pass SLEEP_SHARE of the GPU's `device_gb`."""
+    if choice != "auto":
+        return choice == "on", f"--vllm-sleep {choice}"
+    if not device_gb:
+        return False, "auto: no GPU memory read (nvidia-smi), so TRL's default"
+    need = parameters * TRAINING_BYTES_PER_PARAMETER / 2**30 + vllm_memory * device_gb
+    fits = need <= SLEEP_SHARE * device_gb
+    return not fits, (f"auto: {parameters / 1e9:.2f}B parameters x {TRAINING_BYTES_PER_PARAMETER} bytes + vLLM's "
+                      f"{vllm_memory:g} of {device_gb:.1f} GiB = {need:.1f} GiB, "
+                      f"{'within' if fits else 'over'} {SLEEP_SHARE:g} of the GPU")
+
+
+def parameter_count(model: Path) -> int:
+    """The parameters of the model whose config.json is in `model`, counted on the meta device (nothing allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    return sum(p.numel() for p in built.parameters())
+
+
+def device_total_gb() -> float | None:
+    """The first visible GPU's memory in GiB, from the driver (no CUDA context in this process: TRL's worker wants
+    the whole GPU); None without nvidia-smi."""
+    from benchmarks.gpu_memory import gpu_index, used_and_total_mib
+
+    read = used_and_total_mib(gpu_index())
+    return read[1] / 1024 if read else None
 
 
 def trl_version() -> str | None:

@@ -3,8 +3,9 @@
 One row per shape and GPU model TRL ran it on: TRL's newest `vs_trl --shape` record of the shape on that GPU, and
 ours the newest `gpu_step` record of the shape on its default job (one GPU, our agent loop, no LoRA, no overrides
 but the run guard's: they change what is checked, not the work) on the same GPU model. Where both exist, ours must
-have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr), within an hour of TRL's record: the
-same machine, not another host of the same GPU model (TRL alone took 3.47-4.53 s a step at the 0.6B shape on
+have trained TRL's job (prompts x n, tokens a turn and a trajectory, turns, lr) on the same machine (the records'
+`machine.boot_id`; records from before it was kept: within an hour of TRL's record), not another host of the same
+GPU model (TRL alone took 3.47-4.53 s a step at the 0.6B shape on
 three H100 hosts). A record of another job or another sitting is not put beside it. A side without such a record
 says "not measured yet".
 
@@ -70,7 +71,17 @@ def ours_matches(r: dict[str, Any], shape: str) -> bool:
 
 
 def trl_matches(r: dict[str, Any], shape: str) -> bool:
-    return r.get("shape") == shape and r.get("device") == "cuda" and bool((r.get("trl") or {}).get("median_s"))
+    """A GPU record of TRL at `shape` that timed steps, or that says why it ran none (`trl.failed`: out of GPU
+    memory is a result too)."""
+    trl = r.get("trl") or {}
+    return r.get("shape") == shape and r.get("device") == "cuda" and bool(trl.get("median_s") or trl.get("failed"))
+
+
+def failure(trl: dict[str, Any]) -> str:
+    """A failed TRL run in a few words: its last exception's type, and the message's first sentence."""
+    error = str(trl.get("error") or trl.get("failed"))
+    kind, _, message = error.partition(": ")
+    return f"{kind.rsplit('.', 1)[-1]}: {message.split('. ')[0]}" if message else error
 
 
 def ours_job(r: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +118,12 @@ def pair(records: dict[str, list[dict[str, Any]]], shape: str,
 
 
 def same_sitting(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two records were made within SAME_SITTING_S of each other (records without a date never are)."""
+    """Whether two records were made on one machine: the same `machine.boot_id` where both have one (one without
+    it is from before records carried it: another sitting), else within SAME_SITTING_S of each other (records
+    without a date never are)."""
+    boots = [(r.get("machine") or {}).get("boot_id") for r in (a, b)]
+    if any(boots):
+        return boots[0] == boots[1]
     try:
         dates = [datetime.datetime.fromisoformat(str(r.get("date"))) for r in (a, b)]
         return abs((dates[0] - dates[1]).total_seconds()) <= SAME_SITTING_S
@@ -145,14 +161,16 @@ def row(shape: str, ours: dict | None, trl: dict | None) -> list[str]:
     if ours is None and trl is None:
         return [shape, MISSING] + [""] * (len(HEAD) - 2)
     ratio = ""
-    if ours and trl:
+    if trl and trl["trl"].get("failed"):
+        ratio = f"TRL did not finish a step ({failure(trl['trl'])})"
+    elif ours and trl:
         value = ours["step_s"] / trl["trl"]["median_s"]
         ratio = f"{value:.2f} ({'met' if value <= 1 else 'not met'})"
     sides = [r for r in (ours, trl) if r]
     machines = list(dict.fromkeys(machine_text(r.get("machine", {})) for r in sides))
     commands = "<br>".join(f"{name}: `{r.get('command', '')}`" for name, r in (("ours", ours), ("TRL", trl)) if r)
     cells = [
-        shape, both(ours, trl, get(ours, "step_s"), get(trl, "trl.median_s"), MISSING), ratio,
+        shape, both(ours, trl, get(ours, "step_s"), get(trl, "trl.median_s") or "failed", MISSING), ratio,
         both(ours, trl, get(ours, "phases.generate.s"), get(trl, "trl.phases.rollout")),
         both(ours, trl, get(ours, "phases.update.s"), get(trl, "trl.phases.update")),
         both(ours, trl, get(ours, "phases.update_weights.s"), get(trl, "trl.phases.update_weights")),

@@ -135,6 +135,24 @@ def test_two_launches_of_one_job_are_reported_over_both_and_only_the_same_job_is
     assert joined["ratio_to_ceiling"]["step_vs_serial_limit"] == pytest.approx(joined["step_s"] / 2.22)
 
 
+def test_a_launch_on_another_machine_of_the_same_gpu_model_is_not_joined(tmp_path):
+    from benchmarks.launches import earlier_launch
+    from benchmarks.record import boot_id
+
+    here, there = {"gpu": "NVIDIA H200", "boot_id": "b-here"}, {"gpu": "NVIDIA H200", "boot_id": "b-there"}
+    this = {**launch_record([3.8] * 4, [1.2] * 4), "date": "2026-12-05T14:00:00+00:00", "machine": here}
+    results = tmp_path / "gpu_step.jsonl"
+    for earlier, joined in (({**launch_record([3.5] * 4, [1.0] * 4), "machine": there}, False),
+                            ({**launch_record([3.5] * 4, [1.0] * 4), "machine": here}, True),
+                            (launch_record([3.5] * 4, [1.0] * 4), True)):  # from before records kept the boot id
+        results.write_text(json.dumps(earlier) + "\n")
+        assert (earlier_launch(this, "NVIDIA H200", results) == earlier) is joined
+    # a launch's own result has no machine yet: this machine's boot id stands for it
+    results.write_text(json.dumps({**launch_record([3.5] * 4, [1.0] * 4), "machine": there}) + "\n")
+    assert earlier_launch({k: v for k, v in this.items() if k != "machine"}, "NVIDIA H200", results) is None
+    assert boot_id() and boot_id() == boot_id()
+
+
 def test_a_launch_without_its_job_earlier_says_what_made_the_newest_there_another_job(tmp_path, capsys):
     """An override given to one launch only (vLLM's iteration log, say) makes two jobs: the launch stays one launch,
     and the record and stderr name what differed from the newest launch on that GPU."""

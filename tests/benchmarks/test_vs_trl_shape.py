@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from benchmarks.gpu_step import parse_args
-from benchmarks.trl_side import phase_medians
-from benchmarks.vs_trl import TRL_SHAPE_SETTINGS, shape_job
+from benchmarks.trl_side import last_error, phase_medians
+from benchmarks.vs_trl import TRL_SHAPE_SETTINGS, parameter_count, shape_job, vllm_sleep
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = ("qwen3-0.6b", "qwen3-4b")
@@ -39,8 +39,40 @@ def test_the_dry_run_prints_the_job_and_trls_settings():
     assert done.returncode == 0, done.stderr
     line = yaml.safe_load(done.stdout)
     assert line["steps"] == 5 and line["job"]["max_total_tokens"] == 512 and line["model"] == "outputs/gpu_suite/model-qwen3-4b"
-    assert line["trl_settings"] == {"micro_batch": 16, "gradient_checkpointing": True,
-                                    "vllm_importance_sampling_correction": False, "save": False}
+    settings = line["trl_settings"]
+    assert {k: v for k, v in settings.items() if not k.startswith("vllm_") or k == "vllm_importance_sampling_correction"} \
+        == {"micro_batch": 16, "gradient_checkpointing": True, "vllm_importance_sampling_correction": False, "save": False}
+    assert isinstance(settings["vllm_enable_sleep_mode"], bool) and settings["vllm_sleep_why"]
+    forced = subprocess.run([sys.executable, "benchmarks/vs_trl.py", "--shape", "qwen3-4b", "--device", "cuda", "--vllm",
+                             "--models", "outputs/gpu_suite", "--dry-run", "--vllm-sleep", "on"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert yaml.safe_load(forced.stdout)["trl_settings"]["vllm_enable_sleep_mode"] is True
+
+
+@pytest.mark.parametrize(("parameters", "device_gb", "sleeps"), [
+    (4_022_468_096, 79.65, True),    # 4B on an H100 80GB: 60 GiB of training state + 24 GiB of vLLM
+    (4_022_468_096, 139.8, False),   # 4B on an H200: fits without
+    (441_117_696, 79.65, False),     # the 0.6B shape (its builtin vocabulary) anywhere
+])
+def test_trls_vllm_sleeps_only_where_its_training_state_and_vllm_would_not_fit(parameters, device_gb, sleeps):
+    asleep, why = vllm_sleep("auto", parameters, 0.3, device_gb)
+    assert asleep is sleeps and ("over" if sleeps else "within") in why
+    assert vllm_sleep("auto", parameters, 0.3, None) == (False, "auto: no GPU memory read (nvidia-smi), so TRL's default")
+    assert vllm_sleep("off", parameters, 0.3, device_gb)[0] is False and vllm_sleep("on", 1, 0.3, 500.0)[0] is True
+
+
+def test_the_shapes_parameters_are_counted_from_their_config(tmp_path):
+    from benchmarks.shapes import shape_config_dir
+
+    assert parameter_count(shape_config_dir("qwen3-4b", tmp_path)) == 4_022_468_096  # Qwen3-4B's, tied embeddings
+
+
+def test_a_trl_run_that_dies_before_its_first_step_is_a_record_of_why(tmp_path):
+    log = "\n".join(["Loading...", "[rank0]: Traceback (most recent call last):",
+                     "[rank0]:   File \"adam.py\", line 178, in _init_group",
+                     "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB.", ""])
+    assert last_error(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB."
+    assert last_error("all fine\nValueError: bad\nmore") == "ValueError: bad" and last_error("no errors") is None
 
 
 def test_trls_rollout_phase_leaves_out_the_weight_copy_and_the_old_log_prob_pass():
@@ -97,3 +129,19 @@ def test_trl_at_the_smoke_shape_runs_two_steps_and_prints_its_line(tmp_path):
     assert trl["mean_completion_tokens"] > 0 and "final_model" not in trl
     record = json.loads((tmp_path / "records" / "vs_trl.jsonl").read_text())
     assert "benchmarks/vs_trl.py --shape qwen3-smoke" in record["command"] and record["trl"] == trl
+
+
+def test_trls_worker_dying_before_its_first_step_returns_a_record_not_an_exit(tmp_path):
+    import argparse
+    import os
+
+    from benchmarks.trl_side import run_trl
+
+    # a model directory that does not exist: the worker dies loading it (or importing trl, where it is absent)
+    args = argparse.Namespace(steps=2, tool_latency_ms=0.0, seed=0, device="cpu", vllm=False, vllm_memory=0.3,
+                              micro_batch=None, timeout=300)
+    schema = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    got = run_trl(args, tmp_path / "trl", [schema], tmp_path / "no-model", dict(os.environ), shape_job("qwen3-smoke"))
+    assert got["failed"] == "ended with 1 before its first step's end" and got["log"].endswith("worker.log")
+    assert got["error"] and ("Error: " in got["error"] or "Exception: " in got["error"])
+    assert "s_per_step" not in got and "final_model" not in got

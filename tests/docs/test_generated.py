@@ -137,6 +137,29 @@ def test_the_trl_table_puts_beside_trl_only_ours_from_the_same_sitting():
     assert alone[1] == "not measured yet / 4.53" and alone[2] == ""
 
 
+def test_the_trl_table_puts_beside_trl_only_ours_from_the_same_boot_where_the_records_keep_one():
+    h100 = "NVIDIA H100 80GB HBM3"
+    trl = [{**trl_shape_record("2026-12-07T14:00:00+00:00", 9.0, gpu=h100),
+            "machine": {"gpu": h100, "gpus": 1, "boot_id": "b1"}}]
+    same = {**gpu_step_record("2026-12-07T13:26:00+00:00", 8.8, gpu=h100), "machine": {"gpu": h100, "boot_id": "b1"}}
+    other = {**gpu_step_record("2026-12-07T13:59:00+00:00", 8.7, gpu=h100), "machine": {"gpu": h100, "boot_id": "b2"}}
+    unknown = gpu_step_record("2026-12-07T13:58:00+00:00", 8.6, gpu=h100)  # within the hour, no boot id: unknown
+    for ours, want in (([same, other, unknown], "8.8 / 9"), ([other, unknown], "not measured yet / 9")):
+        got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": ours, "vs_trl": trl}), "qwen3-0.6b")))
+        assert got["step s ours / TRL"] == want
+
+
+def test_a_trl_run_that_failed_before_its_first_step_is_shown_with_its_error():
+    h100 = "NVIDIA H100 80GB HBM3"
+    failed = {**trl_shape_record("2026-12-07T13:27:48+00:00", None, shape="qwen3-4b", gpu=h100),
+              "trl": {"failed": "ended with 1 before its first step's end", "memory_gb": {"device_peak_used": 79.1},
+                      "error": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 ..."}}
+    ours = gpu_step_record("2026-12-07T13:26:12+00:00", 8.79, shape="qwen3-4b", gpu=h100)
+    got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"gpu_step": [ours], "vs_trl": [failed]}), "qwen3-4b")))
+    assert got["step s ours / TRL"] == "8.79 / failed" and got["peak GPU used GiB"] == "110 / 79.1"
+    assert got["ours / TRL (target <= 1)"] == "TRL did not finish a step (OutOfMemoryError: CUDA out of memory)"
+
+
 def test_a_run_guard_override_leaves_ours_beside_trl_and_a_job_override_does_not():
     trl = [trl_shape_record("2026-12-05T09:30", 5.0)]
     guarded = gpu_step_record("2026-12-05T10:00", 4.0, overrides=["trainer.guard.reward_constant.action=warn"])
