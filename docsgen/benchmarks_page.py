@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from docsgen import trl_shapes
+from docsgen import gpu_targets, trl_shapes
 from docsgen.records import fmt, get, load, machine_text  # noqa: F401 - load: the page's records, for its callers
 
 # The columns each benchmark's table shows: (header, dotted path into the record). A benchmark without an
@@ -209,7 +209,7 @@ def table(name: str, records: list[dict[str, Any]]) -> list[str]:
 
 def render(root: Path) -> str:
     records = load(root / "benchmarks" / "results")
-    out = [INTRO, *trl_shapes.table(records)]
+    out = [INTRO, *gpu_targets.table(records), *trl_shapes.table(records)]
     if not records:
         out.append("No records yet: run a script in `benchmarks/`.")
     for name in sorted(records):

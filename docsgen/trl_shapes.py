@@ -47,9 +47,11 @@ HEAD = ["shape", "step s ours / TRL", "ours / TRL (target <= 1)", "rollout s", "
         "tokens a trajectory (ours generated / TRL completion)", "machine", "commands", "commit", "date"]
 
 
-# overrides that leave the job's work as it is: what the guard checks, and the actor's cache at the sync (keep, the
-# default, was given on the command line by the launches that measured it against release)
-JOB_NEUTRAL = ("trainer.guard.", "actor_cache_at_sync=")
+# overrides that leave the job's work as it is: what the guard checks, the actor's cache at the sync (keep, the
+# default, was given on the command line by the launches that measured it against release), a log switch
+JOB_NEUTRAL = ("trainer.guard.", "actor_cache_at_sync=",
+               # vLLM logging its engine core's garbage collections (the launches that looked for pauses there)
+               "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_GC_DEBUG=")
 VLLM = "actor_rollout_ref.rollout.engine_kwargs.vllm."
 # and the settings the tuning plans for this job on one GPU, given on the command line by the launches that measured
 # them before the tuning chose them (vLLM's full graphs for mixed steps, rl_factory/backends/verl/tuning.py), with

@@ -211,3 +211,50 @@ def test_the_trl_table_shows_one_side_with_the_other_not_measured_yet():
     got = dict(zip(trl_shapes.HEAD, cells_of(trl_shapes.table({"vs_trl": [trl_shape_record("2026-12-05", 5.0)]}),
                                              "qwen3-0.6b")))
     assert got["step s ours / TRL"] == "not measured yet / 5" and got["ours / TRL (target <= 1)"] == ""
+
+
+def judged_record(date, step_s, gpu="NVIDIA H200", shape="qwen3-0.6b", launches=1, logprobs=True, **ratios):
+    ratio = {"serial_limit_s": 1.8, "step_vs_serial_limit": step_s / 1.8, "generate_vs_vllm": 0.8,
+             "update_vs_forward_backward": 0.72, **ratios}
+    record = {**gpu_step_record(date, step_s, shape=shape, gpu=gpu), "launches": launches, "ratio_to_ceiling": ratio,
+              "startup": {"launch_to_first_step_s": 160.0}}
+    record["phases"]["generate"]["sampling_logprobs"] = logprobs
+    return record
+
+
+def test_the_targets_table_judges_each_phase_of_the_newest_judged_launch_per_gpu_and_shape():
+    from docsgen import gpu_targets
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    records = {"gpu_step": [judged_record("2026-12-07T13:16", 2.6, gpu=h100, logprobs=False,
+                                          generate_vs_vllm_with_logprobs=1.26),
+                            judged_record("2026-12-07T13:18", 2.9, gpu=h100, launches=2, logprobs=False,
+                                          generate_vs_vllm_with_logprobs=1.1),
+                            {**gpu_step_record("2026-12-07T14:00", 2.0, gpu=h100)},  # no ceilings: not judged
+                            judged_record("2026-12-06T22:36", 3.06, logprobs=True)],
+               "vs_trl": [trl_shape_record("2026-12-07T13:20", 3.0, gpu=h100)]}
+    rows = [line for line in gpu_targets.table(records) if line.startswith("| qwen3-0.6b |")]
+    assert len(rows) == 2
+    got = [dict(zip(gpu_targets.HEAD, cells_of([line], "qwen3-0.6b"))) for line in rows]
+    h100_row, h200_row = got
+    assert h100_row["launches"] == "2" and h100_row["step s"] == "2.9" and h100_row["date"] == "2026-12-07 13:18"
+    assert h100_row["step / serial limit (<= 1.6)"] == "1.61 (not met)"
+    assert h100_row["vs vLLM with log-probs (>= 0.85)"] == "1.1 (met)" and h100_row["vs vLLM, same work"] == "0.8"
+    assert h100_row["vs forward+backward (>= 0.7)"] == "0.72 (met)" and h100_row["weight sync s"] == "0.3 (not met)"
+    assert h100_row["launch to step 1 end s"] == "160 (not met)" and h100_row["TRL step s (ours / TRL)"] == "3 (0.97)"
+    # rollouts that asked log-probs did vLLM's work with them: the same-work ratio is the one with log-probs
+    assert h200_row["vs vLLM with log-probs (>= 0.85)"] == "0.8 (not met)" and h200_row["TRL step s (ours / TRL)"] == "-"
+    assert gpu_targets.table({})[-2].startswith("| not measured yet |")
+
+
+def test_the_targets_table_holds_the_4b_shape_to_the_ratios_only_and_says_when_trl_failed_there():
+    from docsgen import gpu_targets
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    failed = {**trl_shape_record("2026-12-07T13:27", None, shape="qwen3-4b", gpu=h100),
+              "trl": {"failed": "ended with 1 before its first step's end",
+                      "error": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB."}}
+    records = {"gpu_step": [judged_record("2026-12-07T13:26", 8.79, gpu=h100, shape="qwen3-4b")], "vs_trl": [failed]}
+    got = dict(zip(gpu_targets.HEAD, cells_of(gpu_targets.table(records), "qwen3-4b")))
+    assert got["weight sync s"] == "0.3" and got["launch to step 1 end s"] == "160"  # 0.6B's targets only
+    assert got["TRL step s (ours / TRL)"] == "failed (OutOfMemoryError: CUDA out of memory)"
