@@ -16,7 +16,9 @@ compute-bound; one where it idles is bound by the host: Python, launches, alloca
 `kernel_s_by_launcher` splits a window's kernel seconds by the part of the step whose Python launched them (the
 log-probs from the LM head, the loss, the optimizer, the batch's copy to the device, the model's forward, Python
 backward functions; `no_python_frame`: autograd's C++ backward, run on its own thread), read from the frames open on
-the launching thread at the launch (`FRAME_GROUPS`).
+the launching thread at the launch (`FRAME_GROUPS`). `gpu_idle_s` says what the window's own host thread was doing
+while the GPU idled inside it: the idle seconds by the same parts, by the innermost Python frame open then, and,
+counted inclusively, by each open frame of verl's or rl_factory's code: where a host-bound window's time goes.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import argparse
 import bisect
 import gzip
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -55,6 +58,7 @@ FRAME_GROUPS = (
 )
 # kernels launched where no Python frame was open: autograd's own thread running C++ backward functions, mostly
 NO_FRAME = "no_python_frame"
+ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -124,17 +128,64 @@ def launchers(events: list[dict[str, Any]]) -> dict[Any, str]:
                 i += 1
             while stack and stack[-1][1] < ts:
                 stack.pop()
-            names = [name for _, end, name in stack if end >= ts]
-            labels[correlation] = next((label for label, texts in FRAME_GROUPS
-                                        if any(t in name for t in texts for name in names)),
-                                       "other" if names else NO_FRAME)
+            labels[correlation] = group_of([name for _, end, name in stack if end >= ts])
     return labels
 
 
+def group_of(names: list[str]) -> str:
+    """The FRAME_GROUPS label of a stack of open Python frames (`other` where none matches, NO_FRAME where empty)."""
+    return next((label for label, texts in FRAME_GROUPS if any(t in name for t in texts for name in names)),
+                "other" if names else NO_FRAME)
+
+
+def idle_by_frames(events: list[dict[str, Any]], where: Union, gpu: Union, thread: tuple,
+                   top: int = 12) -> dict[str, Any]:
+    """While the GPU idles inside `where`, what `thread`'s Python was doing: the idle seconds by FRAME_GROUPS label of
+    the frames open then, by the innermost open frame, and, inclusive, by each open frame of verl's or our code (the
+    code a change could move)."""
+    frames = sorted(((e["ts"], e["ts"] + e["dur"], e.get("name", "")) for e in events
+                     if e.get("cat") == "python_function" and (e.get("pid"), e.get("tid")) == thread),
+                    key=lambda f: (f[0], -f[1]))
+    by_part: Counter[str] = Counter()
+    innermost: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
+    groups: dict[tuple[str, ...], str] = {}  # a stack's label, worked out once
+    for lo, hi in where.spans:
+        points = sorted({lo, hi, *(t for a, b, _ in frames for t in (a, b) if lo < t < hi)})
+        stack: list[tuple[float, float, str]] = []
+        i = 0
+        for a, b in zip(points, points[1:]):
+            idle = (b - a) - gpu.cover(a, b)
+            while i < len(frames) and frames[i][0] <= a:
+                while stack and stack[-1][1] <= frames[i][0]:
+                    stack.pop()
+                stack.append(frames[i])
+                i += 1
+            while stack and stack[-1][1] <= a:  # frames nest on a thread: the innermost ends first
+                stack.pop()
+            if idle <= 0:
+                continue
+            names = tuple(name for _, end, name in stack if end > a)
+            if names not in groups:
+                groups[names] = group_of(list(names))
+            by_part[groups[names]] += idle
+            # a built-in's name carries its object's address ("... of Tensor object at 0x7f..."): one name for all
+            innermost[ADDRESS.sub("", names[-1]) if names else NO_FRAME] += idle
+            for name in dict.fromkeys(n for n in names if "/verl/" in n or "/rl_factory/" in n):
+                ours[name] += idle
+
+    def seconds(counter: Counter[str], n: int | None = None) -> dict[str, float]:
+        return {k[-120:]: round(v / 1e6, 6) for k, v in counter.most_common(n)}
+
+    return {"by_part": seconds(by_part), "by_innermost_frame": seconds(innermost, top),
+            "inclusive_verl_and_ours": seconds(ours, top)}
+
+
 def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: Union, labels: dict[Any, str],
-           top: int = 8) -> dict[str, Any]:
-    """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs), and the
-    kernels' seconds by the part of the step that launched them (`labels`: `launchers`)."""
+           thread: tuple | None = None, top: int = 8) -> dict[str, Any]:
+    """Wall, GPU-busy seconds and share, longest kernels and waiting runtime calls inside `spans` (µs), the kernels'
+    seconds by the part of the step that launched them (`labels`: `launchers`), and where `thread` (the host thread
+    the window ran on) was while the GPU idled (`gpu_idle_s`: `idle_by_frames`)."""
     where = Union(spans)
     wall = where.total()
     busy = sum(gpu.cover(a, b) for a, b in where.spans)
@@ -151,11 +202,14 @@ def window(events: list[dict[str, Any]], spans: list[tuple[float, float]], gpu: 
               and where.cover(e["ts"], e["ts"] + e["dur"]) > 0):
             waits[e["name"]] += e["dur"]
             wait_counts[e["name"]] += 1
-    return {"occurrences": len(where.spans), "wall_s": round(wall / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
-            "gpu_busy_share": round(busy / wall, 3) if wall else None,
-            "top_kernels_s": {k: round(v / 1e6, 6) for k, v in kernels.most_common(top)},
-            "kernel_s_by_launcher": {k: round(v / 1e6, 6) for k, v in by_frame.most_common()},
-            "waits": {k: {"calls": wait_counts[k], "s": round(v / 1e6, 6)} for k, v in waits.most_common(top)}}
+    out = {"occurrences": len(where.spans), "wall_s": round(wall / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
+           "gpu_busy_share": round(busy / wall, 3) if wall else None,
+           "top_kernels_s": {k: round(v / 1e6, 6) for k, v in kernels.most_common(top)},
+           "kernel_s_by_launcher": {k: round(v / 1e6, 6) for k, v in by_frame.most_common()},
+           "waits": {k: {"calls": wait_counts[k], "s": round(v / 1e6, 6)} for k, v in waits.most_common(top)}}
+    if thread is not None:
+        out["gpu_idle_s"] = {"total": round((wall - busy) / 1e6, 6), **idle_by_frames(events, where, gpu, thread)}
+    return out
 
 
 def summarize(events: list[dict[str, Any]], names: tuple[str, ...] = WINDOWS) -> dict[str, Any]:
@@ -163,11 +217,13 @@ def summarize(events: list[dict[str, Any]], names: tuple[str, ...] = WINDOWS) ->
     host = [e for e in events if e.get("cat") not in GPU_CATEGORIES]
     whole = (min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)) if host else (0.0, 0.0)
     labels = launchers(events)
-    out = {"trace": window(events, [whole], gpu, labels)}
+    python = Counter((e.get("pid"), e.get("tid")) for e in events if e.get("cat") == "python_function")
+    out = {"trace": window(events, [whole], gpu, labels, python.most_common(1)[0][0] if python else None)}
     for name in names:
-        spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
-                 if e.get("cat") in WINDOW_CATEGORIES and name in e.get("name", "")]
-        out[name] = window(events, spans, gpu, labels) if spans else None
+        found = [e for e in events if e.get("cat") in WINDOW_CATEGORIES and name in e.get("name", "")]
+        threads = Counter((e.get("pid"), e.get("tid")) for e in found)
+        out[name] = window(events, [(e["ts"], e["ts"] + e["dur"]) for e in found], gpu, labels,
+                           threads.most_common(1)[0][0]) if found else None
     return out
 
 

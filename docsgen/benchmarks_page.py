@@ -99,6 +99,8 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
            ("peak GPU used GiB A / B", "a.memory_gb.device_peak_used,b.memory_gb.device_peak_used")],
     "trace": [("update s / GPU busy", "windows.actor_update.wall_s,windows.actor_update.gpu_busy_share"),
               ("weight sync s / GPU busy", "windows.update_weights.wall_s,windows.update_weights.gpu_busy_share"),
+              ("update: kernel s by launcher", "windows.actor_update.kernel_s_by_launcher"),
+              ("update: GPU idle s by host part", "windows.actor_update.gpu_idle_s.by_part"),
               ("optimizer step s", "windows.optimizer_step.wall_s"), ("empty_cache s", "windows.empty_cache.wall_s"),
               ("whole trace s / GPU busy", "windows.trace.wall_s,windows.trace.gpu_busy_share")],
     "compare_loops": [("model", "model"), ("ours step s", "rl_factory.step_s"), ("verl's step s", "verl_tool_agent.step_s"),

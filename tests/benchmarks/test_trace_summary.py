@@ -93,3 +93,33 @@ def test_the_command_reads_the_newest_gzipped_trace_of_a_directory(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.splitlines()[-1])
     assert line["file"] == str(new) and line["windows"]["actor_update"]["occurrences"] == 1
+
+
+def test_the_gpus_idle_time_is_put_to_what_the_windows_host_thread_was_doing_then():
+    """Idle: the window less the GPU's busy time; each idle stretch goes to the frames open on the window's thread
+    then (another thread's frames do not count): the innermost one, its FRAME_GROUPS part, and every open frame of
+    verl's or our code inclusively."""
+    def frame(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "python_function", "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+
+    update = "/site-packages/verl/workers/actor/dp_actor.py(400): update_policy"
+    micro = "/site-packages/verl/workers/actor/dp_actor.py(90): _forward_micro_batch"
+    call = "torch/nn/modules/module.py(1750): _call_impl"
+    events = [{"ph": "X", "cat": "user_annotation", "name": "actor_update", "pid": 7, "tid": 1, "ts": 0, "dur": 100},
+              frame(update, 0, 100), frame(micro, 10, 30), frame(call, 15, 15),
+              frame("elsewhere.py(1): busy", 0, 100, tid=2),            # another thread: not the window's
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20, "dur": 15}]
+    idle = trace_summary.summarize(events)["actor_update"]["gpu_idle_s"]
+    assert idle["total"] == 85e-6
+    # innermost: update_policy alone [0,10] and [40,100]; the micro-batch alone [10,15] and [35,40]; _call_impl [15,20]
+    assert idle["by_innermost_frame"] == {update[-120:]: 70e-6, micro: 10e-6, call: 5e-6}
+    assert idle["inclusive_verl_and_ours"] == {update[-120:]: 85e-6, micro: 15e-6}
+    assert idle["by_part"] == {"model_forward": 15e-6, "other": 70e-6}  # "_forward_micro_batch" holds "forward"
+    assert abs(sum(idle["by_part"].values()) - idle["total"]) < 1e-12
+
+
+def test_a_real_traces_idle_time_adds_up_to_its_window(tmp_path):
+    out = trace_summary.summarize(trace_summary.load(cpu_trace(tmp_path / "actor.json")))
+    idle = out["actor_update"]["gpu_idle_s"]
+    assert idle["total"] == out["actor_update"]["wall_s"]  # a CPU trace: the GPU never ran
+    assert abs(sum(idle["by_part"].values()) - idle["total"]) < 1e-5 and idle["by_innermost_frame"]
