@@ -271,4 +271,6 @@ def summary(per_step: dict[str, Any]) -> dict[str, Any] | None:
 
     return {"rollouts": len(per_step), "host_busy_cores": median("host_busy_cores"),
             "host_steal_cores": median("host_steal_cores"),
-            "cores": {n: round(statistics.median(v), 2) for n, v in sorted(names.items(), key=lambda kv: -max(kv[1]))}}
+            # the busiest first by the number shown (the median), not by one rollout's peak
+            "cores": dict(sorted(((n, round(statistics.median(v), 2)) for n, v in names.items()),
+                                 key=lambda kv: -kv[1]))}

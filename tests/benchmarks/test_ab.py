@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def recorded_line() -> dict:
-    """The newest one-launch 0.6B gpu_step record of the repository (an H200 run): A."""
+    """The newest one-launch 0.6B gpu_step record of the repository (a GPU run): A."""
     lines = [json.loads(x) for x in (ROOT / "benchmarks/results/gpu_step.jsonl").read_text().splitlines() if x.strip()]
     return next(r for r in reversed(lines)
                 if r.get("shape") == "qwen3-0.6b" and r.get("phases") and "this_launch" not in r)
