@@ -150,29 +150,31 @@ def idle_by_frames(events: list[dict[str, Any]], where: Union, gpu: Union, threa
     innermost: Counter[str] = Counter()
     ours: Counter[str] = Counter()
     groups: dict[tuple[str, ...], str] = {}  # a stack's label, worked out once
-    for lo, hi in where.spans:
-        points = sorted({lo, hi, *(t for a, b, _ in frames for t in (a, b) if lo < t < hi)})
-        stack: list[tuple[float, float, str]] = []
-        i = 0
-        for a, b in zip(points, points[1:]):
-            idle = (b - a) - gpu.cover(a, b)
-            while i < len(frames) and frames[i][0] <= a:
-                while stack and stack[-1][1] <= frames[i][0]:
-                    stack.pop()
-                stack.append(frames[i])
-                i += 1
-            while stack and stack[-1][1] <= a:  # frames nest on a thread: the innermost ends first
+    # one sweep over every frame boundary and window edge: between two such points the open frames stay the same,
+    # and the stretch lies wholly inside the window or wholly outside it
+    edges = {t for span in where.spans for t in span}
+    points = sorted(edges | {t for a, b, _ in frames for t in (a, b)})
+    stack: list[tuple[float, float, str]] = []
+    i = 0
+    for a, b in zip(points, points[1:]):
+        while i < len(frames) and frames[i][0] <= a:
+            while stack and stack[-1][1] <= frames[i][0]:
                 stack.pop()
-            if idle <= 0:
-                continue
-            names = tuple(name for _, end, name in stack if end > a)
-            if names not in groups:
-                groups[names] = group_of(list(names))
-            by_part[groups[names]] += idle
-            # a built-in's name carries its object's address ("... of Tensor object at 0x7f..."): one name for all
-            innermost[ADDRESS.sub("", names[-1]) if names else NO_FRAME] += idle
-            for name in dict.fromkeys(n for n in names if "/verl/" in n or "/rl_factory/" in n):
-                ours[name] += idle
+            stack.append(frames[i])
+            i += 1
+        while stack and stack[-1][1] <= a:  # frames nest on a thread: the innermost ends first
+            stack.pop()
+        idle = (b - a) - gpu.cover(a, b) if where.cover(a, b) > 0 else 0.0
+        if idle <= 0:
+            continue
+        names = tuple(name for _, end, name in stack if end > a)
+        if names not in groups:
+            groups[names] = group_of(list(names))
+        by_part[groups[names]] += idle
+        # a built-in's name carries its object's address ("... of Tensor object at 0x7f..."): one name for all
+        innermost[ADDRESS.sub("", names[-1]) if names else NO_FRAME] += idle
+        for name in dict.fromkeys(n for n in names if "/verl/" in n or "/rl_factory/" in n):
+            ours[name] += idle
 
     def seconds(counter: Counter[str], n: int | None = None) -> dict[str, float]:
         return {k[-120:]: round(v / 1e6, 6) for k, v in counter.most_common(n)}

@@ -3,7 +3,7 @@
 Per shape and GPU model: ours' newest `gpu_step` record of the default job (trl_shapes.ours_matches) whose phases
 were set beside ceilings (`ratio_to_ceiling`: measured in the same invocation, or the earlier launch's it was joined
 with), a launch joined with the one before it over that launch alone; each phase beside its ceiling with the
-target it is held to, and TRL's step from the same machine (trl_shapes.same_sitting) where it ran there.
+target it is held to, and TRL's step from the same machine (trl_shapes.beside) where it ran there.
 
     .venv/bin/python -m docsgen.gpu_targets benchmarks/results   # the table, printed
 """
@@ -65,11 +65,8 @@ def rows_of(records: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str | N
 
 def trl_beside(records: dict[str, list[dict[str, Any]]], shape: str, ours: dict[str, Any]) -> str:
     """TRL's newest run of ours' job on ours' machine, and ours / TRL; "-" where it did not run there."""
-    job = {k: trl_shapes.ours_job(ours).get(k) for k in trl_shapes.JOB_KEYS}
     trl = trl_shapes.newest([r for r in records.get("vs_trl", []) if trl_shapes.trl_matches(r, shape)
-                             and trl_shapes.gpu_of(r) == trl_shapes.gpu_of(ours)
-                             and {k: r.get("job", {}).get(k) for k in trl_shapes.JOB_KEYS} == job
-                             and trl_shapes.same_sitting(r, ours)])
+                             and trl_shapes.gpu_of(r) == trl_shapes.gpu_of(ours) and trl_shapes.beside(ours, r)])
     if trl is None:
         return "-"
     if trl["trl"].get("failed"):

@@ -114,9 +114,14 @@ def pair(records: dict[str, list[dict[str, Any]]], shape: str,
     trl = newest([r for r in records.get("vs_trl", []) if trl_matches(r, shape) and gpu in (None, gpu_of(r))])
     ours = [r for r in records.get("gpu_step", []) if ours_matches(r, shape) and gpu in (None, gpu_of(r))]
     if trl is not None:
-        job = {k: trl.get("job", {}).get(k) for k in JOB_KEYS}
-        ours = [r for r in ours if {k: ours_job(r).get(k) for k in JOB_KEYS} == job and same_sitting(r, trl)]
+        ours = [r for r in ours if beside(r, trl)]
     return newest(ours), trl
+
+
+def beside(ours: dict[str, Any], trl: dict[str, Any]) -> bool:
+    """Whether ours' record may stand beside TRL's: TRL's job (JOB_KEYS), on the same machine (`same_sitting`)."""
+    return ({k: ours_job(ours).get(k) for k in JOB_KEYS} == {k: trl.get("job", {}).get(k) for k in JOB_KEYS}
+            and same_sitting(ours, trl))
 
 
 def same_sitting(a: dict[str, Any], b: dict[str, Any]) -> bool:

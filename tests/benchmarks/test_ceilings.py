@@ -150,7 +150,7 @@ def test_a_launch_on_another_machine_of_the_same_gpu_model_is_not_joined(tmp_pat
     # a launch's own result has no machine yet: this machine's boot id stands for it
     results.write_text(json.dumps({**launch_record([3.5] * 4, [1.0] * 4), "machine": there}) + "\n")
     assert earlier_launch({k: v for k, v in this.items() if k != "machine"}, "NVIDIA H200", results) is None
-    assert boot_id() and boot_id() == boot_id()
+    assert boot_id()  # Linux: every record made here carries one
 
 
 def test_a_launch_without_its_job_earlier_says_what_made_the_newest_there_another_job(tmp_path, capsys):
