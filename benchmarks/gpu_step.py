@@ -235,7 +235,8 @@ TUNED_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
               "algorithm.rollout_correction.bypass_mode", "ray_kwargs.ray_init.runtime_env.env_vars.RL_FACTORY_OLD_LOG_PROBS",
               "actor_rollout_ref.rollout.free_cache_engine", "actor_cache_at_sync",
               "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend",
-              "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", "sampling_logprobs_every")
+              "actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config", "sampling_logprobs_every",
+              "actor_rollout_ref.actor.optim.override_optimizer_config")
 
 
 def cfg_job(args: argparse.Namespace, out: Path) -> dict:

@@ -111,6 +111,35 @@ def test_unknown_model_keeps_the_model_independent_choices_only():
     assert v["actor_rollout_ref.model.use_fused_kernels"] and "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in v
 
 
+def test_the_log_prob_kernel_is_tritons_where_triton_is_installed(monkeypatch):
+    import importlib.util
+
+    key = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+    real = importlib.util.find_spec
+    # this machine's torch is a CPU build: no Triton, the torch kernel
+    assert (real("triton") is None) == (_values(QWEN3_4B)[key] == "torch")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real(name, *a))
+    assert _values(QWEN3_4B)[key] == "triton"
+    assert plan(None, gpus=1, gpu_total=H200, longest_sequence=2048, lora=False, critic=False).values[key] == "triton"
+
+
+def test_adamw_is_torchs_fused_one_for_the_actor_and_the_critic():
+    fused = {"fused": True}
+    actor, critic = _values(QWEN3_4B), _values(QWEN3_4B, critic=True)
+    assert actor["actor_rollout_ref.actor.optim.override_optimizer_config"] == fused
+    assert "critic.optim.override_optimizer_config" not in actor
+    assert critic["critic.optim.override_optimizer_config"] == fused
+
+
+def test_checkpointed_micro_batches_fit_the_4b_update_as_measured():
+    # the 4B's allocator peak was 75.02 GiB at 4,409 tokens (H100) and at 32,768 (H200): the foreach optimizer's
+    # temporary; the activations of 32,768 tokens stayed under 15 GiB, below the formula's 0.51 MB a token
+    per_token = QWEN3_4B.activation_bytes_per_token(True)
+    assert 32768 * per_token > 15 * GIB > 32768 * 0.46e6
+    tokens = _values(QWEN3_4B, gpu_total=H100)["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
+    assert 8192 < tokens < 16384  # 4,409 with the slack that belongs to un-checkpointed layers only
+
+
 def test_cuda_graphs_are_captured_for_the_decode_batches_the_rollout_reaches():
     # 16 prompts x 8 on one replica: 128 trajectories decode at once at most
     assert _values(None, concurrency=128)["actor_rollout_ref.rollout.cudagraph_capture_sizes"] == [
@@ -237,9 +266,9 @@ def test_vllm_kept_awake_on_the_command_line_leaves_the_trainer_what_it_holds_aw
     with pytest.raises(ModelDoesNotFit, match=r"free_cache_engine=false keeps vLLM's \d+ GiB .* not one 1536-token"
                                               r".*\(drop free_cache_engine=false\)$"):  # vLLM at its least: no room
         _values(QWEN3_4B, **job, gpu_total=H100, free_cache_engine=False)
-    # 32k-token trajectories: vLLM sizes its KV cache from its share, and a smaller share would leave room
+    # 64k-token trajectories: vLLM sizes its KV cache from its share, and a smaller share would leave room
     with pytest.raises(ModelDoesNotFit, match=r"or give vLLM less: actor_rollout_ref.rollout.gpu_memory_utilization"):
-        _values(QWEN3_06B, concurrency=256, vllm_request_tokens=512, longest_sequence=32768, gpu_total=H100,
+        _values(QWEN3_06B, concurrency=256, vllm_request_tokens=512, longest_sequence=65536, gpu_total=H100,
                 free_cache_engine=False)
 
 
