@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
@@ -38,7 +40,6 @@ def _config(shape: str, vocab: int, attention: str):
 
 
 def build(shape: str, vocab: int, device, checkpointing: bool):
-    import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision
@@ -50,6 +51,7 @@ def build(shape: str, vocab: int, device, checkpointing: bool):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(_config(shape, vocab, varlen.NAME), dtype=torch.float32)
+    model.train()  # transformers checkpoints only in training mode
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if device.type != "cuda":  # FSDP needs an accelerator: the CPU run checks the rest of the code, in fp32
@@ -60,34 +62,24 @@ def build(shape: str, vocab: int, device, checkpointing: bool):
         dist.init_process_group("nccl", rank=0, world_size=1)
     layer = type(model.model.layers[0])
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return FSDP(Actor(model), auto_wrap_policy=ModuleWrapPolicy({layer}), mixed_precision=mp,
-                device_id=device if device.type == "cuda" else None, use_orig_params=False)
+    return FSDP(Actor(model), auto_wrap_policy=ModuleWrapPolicy({layer}), mixed_precision=mp, device_id=device,
+                use_orig_params=False)
 
 
-def _actor_class():
-    import torch
+class Actor(torch.nn.Module):
+    """The decoder and the per-token log-probs in one forward, so that FSDP's root unit gathers the LM head."""
 
-    class ActorModule(torch.nn.Module):
-        """The decoder and the per-token log-probs in one forward, so that FSDP's root unit gathers the LM head."""
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
 
-        def __init__(self, lm):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids, position_ids):
-            hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids)[0]
-            return token_log_probs(self.lm.lm_head.weight, hidden[0, :-1], input_ids[0, 1:])
-
-    return ActorModule
-
-
-def Actor(lm):  # noqa: N802 - a constructor: torch is imported only once a GPU run starts
-    return _actor_class()(lm)
+    def forward(self, input_ids, position_ids):
+        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids)[0]
+        return token_log_probs(self.lm.lm_head.weight, hidden[0, :-1], input_ids[0, 1:])
 
 
 def token_log_probs(weight, hidden, labels):
     """log p(label) per token from the LM head, 1,024 tokens of logits at a time (recomputed in the backward)."""
-    import torch
     from torch.utils.checkpoint import checkpoint
 
     def chunk(h, y):
@@ -109,8 +101,6 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def run_variant(model, opt, lengths, budget, vocab, device, repeats):
-    import torch
-
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     gen = torch.Generator(device=device).manual_seed(0)
     packed = []
@@ -159,9 +149,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
-
-    import torch
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print("update_variants: no CUDA GPU here (--device cpu runs it on the CPU)", file=sys.stderr)
         raise SystemExit(2)

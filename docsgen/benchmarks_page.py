@@ -132,6 +132,8 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
                       ("torch fwd / fwd+bwd s", "torch.forward_s,torch.forward_backward_s"),
                       ("triton fwd / fwd+bwd s", "triton.forward_s,triton.forward_backward_s"),
                       ("plain fwd / fwd+bwd s", "plain.forward_s,plain.forward_backward_s")],
+    "update_variants": [("shape / tokens / checkpointing", "shape,tokens,checkpointing"),
+                        ("AdamW / micro-batch tokens: fwd+bwd s, step s, peaks GiB", "variants")],
 }
 
 INTRO = """# Benchmarks

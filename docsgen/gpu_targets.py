@@ -71,7 +71,10 @@ def trl_beside(records: dict[str, list[dict[str, Any]]], shape: str, ours: dict[
         return "-"
     if trl["trl"].get("failed"):
         return f"failed ({trl_shapes.failure(trl['trl'])})"
-    return f"{fmt(trl['trl']['median_s'])} ({ours['step_s'] / trl['trl']['median_s']:.2f})"
+    # TRL's vLLM asleep through its update (vs_trl.py --vllm-sleep, on where its training state and vLLM's budget
+    # do not fit the GPU together) costs it a wake-up a step: said, as it is not the same setting as ours
+    asleep = ", its vLLM asleep" if (trl.get("trl_settings") or {}).get("vllm_enable_sleep_mode") else ""
+    return f"{fmt(trl['trl']['median_s'])} ({ours['step_s'] / trl['trl']['median_s']:.2f}{asleep})"
 
 
 def with_logprobs(ours: dict[str, Any], ratio: dict[str, Any]) -> float | None:

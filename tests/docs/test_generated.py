@@ -258,3 +258,9 @@ def test_the_targets_table_holds_the_4b_shape_to_the_ratios_only_and_says_when_t
     got = dict(zip(gpu_targets.HEAD, cells_of(gpu_targets.table(records), "qwen3-4b")))
     assert got["weight sync s"] == "0.3" and got["launch to step 1 end s"] == "160"  # 0.6B's targets only
     assert got["TRL step s (ours / TRL)"] == "failed (OutOfMemoryError: CUDA out of memory)"
+    # its rerun with vLLM asleep through the update: a different setting from ours, said beside the ratio
+    asleep = {**trl_shape_record("2026-12-07T13:40", 7.46, shape="qwen3-4b", gpu=h100),
+              "trl_settings": {"vllm_enable_sleep_mode": True}}
+    records["vs_trl"].append(asleep)
+    got = dict(zip(gpu_targets.HEAD, cells_of(gpu_targets.table(records), "qwen3-4b")))
+    assert got["TRL step s (ours / TRL)"] == "7.46 (1.18, its vLLM asleep)"

@@ -1,0 +1,46 @@
+"""benchmarks/update_variants.py on the CPU: the packing, the chunked log-probs and the JSON line it prints."""
+import json
+
+import pytest
+import torch
+
+from benchmarks import update_variants
+
+
+def test_micro_batches_pack_whole_sequences_up_to_the_budget():
+    assert update_variants.micro_batches([300] * 7, 1000) == [[300] * 3, [300] * 3, [300]]
+    assert update_variants.micro_batches([1200, 100], 1000) == [[1200], [100]]  # a longer sequence rides alone
+
+
+def test_chunked_log_probs_are_the_plain_ones_with_the_same_gradients():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2500, 16, generator=gen, requires_grad=True)  # three 1,024-token chunks, the last short
+    weight = torch.randn(50, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 50, (2500,), generator=gen)
+    ours = update_variants.token_log_probs(weight, hidden, labels)
+    ours.sum().backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    plain = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, labels[:, None])[:, 0]
+    plain.sum().backward()
+    assert torch.allclose(ours, plain, atol=1e-5)
+    assert torch.allclose(got[0], hidden.grad, atol=1e-5) and torch.allclose(got[1], weight.grad, atol=1e-4)
+
+
+def test_every_variant_reports_its_micro_batches_and_seconds(capsys):
+    update_variants.main(["--shape", "qwen3-smoke", "--device", "cpu", "--tokens", "1024", "--sequence", "128",
+                          "--micro", "256", "512", "--optimizer", "foreach", "fused", "--repeats", "1"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["tokens"] == 1024 and line["checkpointing"] and line["vocab"] == 635
+    assert set(line["variants"]) == {"foreach/256", "foreach/512", "fused/256", "fused/512"}
+    for name, variant in line["variants"].items():
+        assert variant["micro_batches"] == 1024 // int(name.split("/")[1])
+        assert variant["forward_backward_s"] > 0 and variant["optimizer_step_s"] > 0
+
+
+def test_without_a_gpu_it_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SystemExit) as exit_:
+        update_variants.main(["--shape", "qwen3-smoke"])
+    assert exit_.value.code == 2 and "no CUDA GPU" in capsys.readouterr().err
