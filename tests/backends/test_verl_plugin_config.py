@@ -167,6 +167,21 @@ def test_tuned_settings_follow_the_model_and_lose_to_raw_keys(tmp_path, tiny_mod
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 8
 
 
+def test_adamw_is_fused_only_where_verl_builds_torchs(tmp_path, tiny_model_dir):
+    optim = compose(tmp_path, tiny_model_dir, []).actor_rollout_ref.actor.optim
+    assert (optim.optimizer_impl, optim.optimizer) == ("torch.optim", "AdamW")
+    assert OmegaConf.to_container(optim.override_optimizer_config) == {"fused": True}
+    # another library's optimizer takes no `fused` argument: left as configured
+    eight_bit = ["actor_rollout_ref.actor.optim.optimizer_impl=bitsandbytes.optim",
+                 "actor_rollout_ref.actor.optim.optimizer=AdamW8bit"]
+    assert compose(tmp_path, tiny_model_dir, [], raw=eight_bit).actor_rollout_ref.actor.optim.override_optimizer_config \
+        is None
+    # options given for torch's own win whole: the plan adds nothing inside them
+    given = ["+actor_rollout_ref.actor.optim.override_optimizer_config.foreach=true"]
+    got = compose(tmp_path, tiny_model_dir, [], raw=given).actor_rollout_ref.actor.optim.override_optimizer_config
+    assert OmegaConf.to_container(got) == {"foreach": True}
+
+
 @pytest.mark.parametrize("args, message", [
     (["trainer.n_gpus_per_nod=8"], "did you mean trainer.n_gpus_per_node"),
     (["algorithm.advantage=arena", "algorithm.arena.anchor=greedy"],

@@ -129,6 +129,10 @@ def test_adamw_is_torchs_fused_one_for_the_actor_and_the_critic():
     assert actor["actor_rollout_ref.actor.optim.override_optimizer_config"] == fused
     assert "critic.optim.override_optimizer_config" not in actor
     assert critic["critic.optim.override_optimizer_config"] == fused
+    # bitsandbytes' 8-bit AdamW for the actor: no `fused` for it, the critic's torch AdamW still fused
+    other = _values(QWEN3_4B, critic=True, optimizers={"actor_rollout_ref.actor": "bitsandbytes.optim.AdamW8bit"})
+    assert "actor_rollout_ref.actor.optim.override_optimizer_config" not in other
+    assert other["critic.optim.override_optimizer_config"] == fused
 
 
 def test_checkpointed_micro_batches_fit_the_4b_update_as_measured():

@@ -278,10 +278,17 @@ def performance_plan(cfg: DictConfig, model_path: str, given: set[str] = frozens
                     free_cache_engine=bool(OmegaConf.select(cfg, SLEEP_KEY)) if SLEEP_KEY in given else None,
                     offload=_offload(cfg, "actor_rollout_ref.actor.fsdp_config"),
                     critic_offload=_offload(cfg, "critic.fsdp"),
+                    optimizers={prefix: _optimizer(cfg, prefix) for prefix in ("actor_rollout_ref.actor", "critic")},
                     # vLLM's memory given on the command line: the trainer is planned beside it
                     **_vllm_memory_given(cfg, given))
     except ModelDoesNotFit as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _optimizer(cfg: DictConfig, prefix: str) -> str:
+    """The optimizer class verl's `build_optimizer` imports for `prefix` (`torch.optim.AdamW` by default)."""
+    impl = OmegaConf.select(cfg, f"{prefix}.optim.optimizer_impl") or "torch.optim"
+    return f"{impl}.{OmegaConf.select(cfg, f'{prefix}.optim.optimizer') or 'AdamW'}"
 
 
 def trajectory_length(cfg: DictConfig, trajectory_tokens: int | None) -> int | None:

@@ -123,6 +123,10 @@ class ModelDoesNotFit(UserError, ValueError):
     """The model's training state alone exceeds the GPU: the message names the settings to change."""
 
 
+TORCH_ADAMW = "torch.optim.AdamW"  # verl's default optimizer (optim.optimizer_impl + "." + optim.optimizer)
+FUSABLE_OPTIMIZERS = {TORCH_ADAMW, "torch.optim.Adam"}
+
+
 def log_prob_kernel() -> tuple[str, str]:
     """verl's fused log-prob kernel (`fused_kernel_options.impl_backend`) and why: Triton where it is installed (it
     comes with torch's CUDA builds), else the chunked torch one."""
@@ -263,7 +267,8 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
          vllm_request_tokens: int = 0, trajectory_tokens: int | None = None,
          replica_gpus: int = 1, nodes: int = 1, storage_units: int = 0, free_cache_engine: bool | None = None,
          offload: Offload = Offload(), critic_offload: Offload = Offload(), share_given: float | None = None,
-         kv_cache_given: bool = False, kv_cache_bytes: int | None = None) -> Plan:
+         kv_cache_given: bool = False, kv_cache_bytes: int | None = None,
+         optimizers: dict[str, str] | None = None) -> Plan:
     """verl key -> value for the performance settings (see the module docstring).
 
     `concurrency`: the trajectories one rollout replica may decode at once (prompts x n / replicas).
@@ -280,7 +285,10 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     kv_cache_memory_bytes was (`kv_cache_bytes`: the value; None: vLLM sizes its KV cache from its share). The
     trainer is planned beside what vLLM will hold, not beside what the plan would have given it: a plan that kept
     vLLM awake beside its own 42-GiB KV cache would leave a trainer beside a larger given one out of memory.
+    `optimizers`: each model's optimizer class as verl will import it (`actor_rollout_ref.actor` ->
+    `torch.optim.AdamW`, verl's default where absent); only torch's Adam and AdamW get `fused`.
     """
+    optimizers = optimizers or {}
     out = Plan()
     if 2 * nodes < storage_units:
         # each unit is a Ray actor process the TaskRunner starts, and waits for, before anything else; tq.init took
@@ -303,6 +311,8 @@ def plan(shape: ModelShape | None, *, gpus: int, gpu_total: int, longest_sequenc
     backend, why = log_prob_kernel()
     out.set("actor_rollout_ref.model.fused_kernel_options.impl_backend", backend, why)
     for prefix in ("actor_rollout_ref.actor", *(("critic",) if critic else ())):
+        if optimizers.get(prefix, TORCH_ADAMW) not in FUSABLE_OPTIMIZERS:  # another library's takes no `fused`
+            continue
         # verl builds torch's AdamW with foreach, whose step allocates a temporary the size of the fp32 weights
         # (15 GiB at 4B: the update's memory peak) and runs one kernel per op over the parameter list
         out.set(f"{prefix}.optim.override_optimizer_config", {"fused": True},
