@@ -194,6 +194,18 @@ def configured_engine_args(rollout: dict) -> dict:
     return {**args, "compilation_config": compilation, **kwargs}
 
 
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Sequences packed in order into micro-batches of at most `budget` tokens (verl's dynamic batch size; a longer
+    sequence rides alone)."""
+    batches, current = [], []
+    for n in lengths:
+        if current and sum(current) + n > budget:
+            batches.append(current)
+            current = []
+        current.append(n)
+    return batches + [current]
+
+
 def ceiling_train(spec: dict) -> dict:
     """Plain PyTorch forward(+backward) over the step's sequences, packed by the actor's token budget."""
     import torch
@@ -207,17 +219,10 @@ def ceiling_train(spec: dict) -> dict:
                                                  attn_implementation=attention_implementation()).cuda()
     if spec.get("checkpointing"):  # as the actor does where its activations would not fit (the 4B on one GPU)
         model.gradient_checkpointing_enable()
-    budget, lengths = spec["token_budget"], spec["lengths"]
-    batches, current = [], []
-    for n in lengths:
-        if current and sum(current) + n > budget:
-            batches.append(current)
-            current = []
-        current.append(n)
-    batches.append(current)
+    lengths = spec["lengths"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     packed = []
-    for batch in batches:
+    for batch in micro_batches(lengths, spec["token_budget"]):
         total = sum(batch)
         ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=gen)
         pos = torch.cat([torch.arange(n, device="cuda") for n in batch])[None]

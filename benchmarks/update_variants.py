@@ -26,6 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.ceilings import micro_batches  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.shapes import SHAPES  # noqa: E402
 
@@ -87,17 +88,6 @@ def token_log_probs(weight, hidden, labels):
 
     return torch.cat([checkpoint(chunk, hidden[i:i + CHUNK], labels[i:i + CHUNK], use_reentrant=False)
                       for i in range(0, hidden.shape[0], CHUNK)])
-
-
-def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Sequences packed in order into micro-batches of at most `budget` tokens (verl's dynamic batch size)."""
-    batches, current = [], []
-    for n in lengths:
-        if current and sum(current) + n > budget:
-            batches.append(current)
-            current = []
-        current.append(n)
-    return batches + [current]
 
 
 def run_variant(model, opt, lengths, budget, vocab, device, repeats):

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from benchmarks import update_variants
+from benchmarks.ceilings import micro_batches
 
 
 def test_micro_batches_pack_whole_sequences_up_to_the_budget():
-    assert update_variants.micro_batches([300] * 7, 1000) == [[300] * 3, [300] * 3, [300]]
-    assert update_variants.micro_batches([1200, 100], 1000) == [[1200], [100]]  # a longer sequence rides alone
+    assert micro_batches([300] * 7, 1000) == [[300] * 3, [300] * 3, [300]]
+    assert micro_batches([1200, 100], 1000) == [[1200], [100]]  # a longer sequence rides alone
 
 
 def test_chunked_log_probs_are_the_plain_ones_with_the_same_gradients():
