@@ -36,12 +36,15 @@ def builtin_tokenizer_dir() -> Path:
     return Path(resolve_model_path("builtin:tiny-calculator", asyncio.run(tools()), 0, log=lambda *a: None))
 
 
-def shape_config(shape: str, tok):
+def shape_config(shape: str, tok=None, **fields):
+    """The Qwen3 config of `shape`: the tokenizer's vocabulary size and special ids where `tok` is given (else the
+    shape's own vocabulary or `fields`'), `fields` over the rest (`vocab_size`, `attn_implementation`)."""
     from transformers import Qwen3Config
 
+    ids = {} if tok is None else {"vocab_size": len(tok), "bos_token_id": tok.bos_token_id,
+                                  "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     return Qwen3Config(max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, **{"vocab_size": len(tok), **SHAPES[shape]})
+                       tie_word_embeddings=True, **{**ids, **SHAPES[shape], **fields})
 
 
 def shape_config_dir(shape: str, out: Path) -> Path:

@@ -28,16 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.ceilings import micro_batches  # noqa: E402
 from benchmarks.record import emit  # noqa: E402
-from benchmarks.shapes import SHAPES  # noqa: E402
+from benchmarks.shapes import SHAPES, shape_config  # noqa: E402
 
 CHUNK = 1024  # tokens of LM-head logits alive at once
-
-
-def _config(shape: str, vocab: int, attention: str):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                       attn_implementation=attention, **{**SHAPES[shape], "vocab_size": vocab})
 
 
 def build(shape: str, vocab: int, device, checkpointing: bool):
@@ -51,7 +44,8 @@ def build(shape: str, vocab: int, device, checkpointing: bool):
 
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(_config(shape, vocab, varlen.NAME), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            shape_config(shape, vocab_size=vocab, attn_implementation=varlen.NAME), dtype=torch.float32)
     model.train()  # transformers checkpoints only in training mode
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -139,7 +139,7 @@ def test_checkpointed_micro_batches_fit_the_4b_update_as_measured():
     # the 4B's allocator peak was 75.02 GiB at 4,409 tokens (H100) and at 32,768 (H200): the foreach optimizer's
     # temporary; the activations of 32,768 tokens stayed under 15 GiB, below the formula's 0.51 MB a token
     per_token = QWEN3_4B.activation_bytes_per_token(True)
-    assert 32768 * per_token > 15 * GIB > 32768 * 0.46e6
+    assert 32768 * per_token > 15 * GIB
     tokens = _values(QWEN3_4B, gpu_total=H100)["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
     assert 8192 < tokens < 16384  # 4,409 with the slack that belongs to un-checkpointed layers only
 
