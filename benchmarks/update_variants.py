@@ -7,8 +7,11 @@ micro-batches through `rl_factory_varlen` attention, per-token log-probs from th
 chunks (recomputed in the backward, as the fused kernels keep no [tokens, vocab] logits), then one AdamW
 step. Per variant (micro-batch token budget x AdamW implementation) it reports the seconds of the
 forward+backward over all micro-batches, of the optimizer step, and the allocator's peak in each.
+`--wrap plain` runs the same model as TRL's trainer does on one GPU instead: no FSDP, fp32 weights under
+bf16 autocast (its variants are named `plain:foreach/4409`): what verl's FSDP wrap costs at world size 1.
 
     .venv/bin/python benchmarks/update_variants.py --shape qwen3-4b --micro 4409 10299 --optimizer foreach fused
+    .venv/bin/python benchmarks/update_variants.py --shape qwen3-4b --micro 10299 --optimizer fused --wrap fsdp plain
 
 Prints one JSON line (`benchmarks/results/update_variants.jsonl` keeps the records). Needs a CUDA GPU
 (`--device cpu` runs the same code on a small shape, for its test).
@@ -33,7 +36,7 @@ from benchmarks.shapes import SHAPES, shape_config  # noqa: E402
 CHUNK = 1024  # tokens of LM-head logits alive at once
 
 
-def build(shape: str, vocab: int, device, checkpointing: bool):
+def build(shape: str, vocab: int, device, checkpointing: bool, wrap: str = "fsdp"):
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision
@@ -49,7 +52,7 @@ def build(shape: str, vocab: int, device, checkpointing: bool):
     model.train()  # transformers checkpoints only in training mode
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if device.type != "cuda":  # FSDP needs an accelerator: the CPU run checks the rest of the code, in fp32
+    if wrap == "plain" or device.type != "cuda":  # FSDP needs an accelerator: on the CPU the rest runs, in fp32
         return Actor(model)
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -84,7 +87,9 @@ def token_log_probs(weight, hidden, labels):
                       for i in range(0, hidden.shape[0], CHUNK)])
 
 
-def run_variant(model, opt, lengths, budget, vocab, device, repeats):
+def run_variant(model, opt, lengths, budget, vocab, device, repeats, autocast: bool = False):
+    """The update's forward+backward over `lengths` packed into micro-batches of `budget` tokens, then one
+    optimizer step, `repeats` times after a warm-up; `autocast`: bf16 autocast around the forward (TRL's way)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     gen = torch.Generator(device=device).manual_seed(0)
     packed = []
@@ -100,7 +105,8 @@ def run_variant(model, opt, lengths, budget, vocab, device, repeats):
         sync()
         t0 = time.perf_counter()
         for ids, pos in packed:
-            logp = model(ids, pos)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                logp = model(ids, pos)
             (-logp.mean() / len(packed)).backward()
         sync()
         t1 = time.perf_counter()
@@ -131,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sequence", type=int, default=320, help="tokens of each packed sequence")
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--wrap", nargs="+", choices=["fsdp", "plain"], default=["fsdp"],
+                    help="fsdp: verl's wrap (world size 1, bf16 compute); plain: no FSDP, bf16 autocast (TRL's)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -138,20 +146,25 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     device = torch.device(args.device)
     vocab = args.vocab or SHAPES[args.shape].get("vocab_size", 635)
-    model = build(args.shape, vocab, device, not args.no_checkpointing)
     lengths = [args.sequence] * (args.tokens // args.sequence)
     result = {"bench": "update_variants", "shape": args.shape, "vocab": vocab, "tokens": sum(lengths),
-              "sequence": args.sequence, "checkpointing": not args.no_checkpointing,
-              "params": sum(p.numel() for p in model.parameters()),
+              "sequence": args.sequence, "checkpointing": not args.no_checkpointing, "params": None,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "variants": {}}
-    for name in args.optimizer:
-        # verl's build_optimizer: torch.optim.AdamW with lr, weight decay, betas, and override_optimizer_config
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, betas=(0.9, 0.999),
-                                **({"fused": True} if name == "fused" else {"foreach": True}))
-        for budget in args.micro:
-            result["variants"][f"{name}/{budget}"] = run_variant(model, opt, lengths, budget, vocab, device,
-                                                                 args.repeats)
-        del opt
+    for wrap in args.wrap:  # one model at a time: two 4B copies with their Adam state do not fit beside each other
+        model = build(args.shape, vocab, device, not args.no_checkpointing, wrap)
+        result["params"] = sum(p.numel() for p in model.parameters())
+        for name in args.optimizer:
+            # verl's build_optimizer: torch.optim.AdamW with lr, weight decay, betas, and override_optimizer_config
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, betas=(0.9, 0.999),
+                                    **({"fused": True} if name == "fused" else {"foreach": True}))
+            for budget in args.micro:
+                key = f"{name}/{budget}" if wrap == "fsdp" else f"{wrap}:{name}/{budget}"
+                result["variants"][key] = run_variant(model, opt, lengths, budget, vocab, device, args.repeats,
+                                                      autocast=wrap == "plain" and device.type == "cuda")
+            del opt
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     emit("update_variants", result)

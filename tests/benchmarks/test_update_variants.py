@@ -45,3 +45,11 @@ def test_without_a_gpu_it_says_so(capsys):
     with pytest.raises(SystemExit) as exit_:
         update_variants.main(["--shape", "qwen3-smoke"])
     assert exit_.value.code == 2 and "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_plain_wrap_runs_beside_fsdps_under_its_own_names(capsys):
+    update_variants.main(["--shape", "qwen3-smoke", "--device", "cpu", "--tokens", "512", "--sequence", "128",
+                          "--micro", "256", "--optimizer", "fused", "--wrap", "fsdp", "plain", "--repeats", "1"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(line["variants"]) == {"fused/256", "plain:fused/256"}
+    assert line["params"] > 0 and all(v["micro_batches"] == 2 for v in line["variants"].values())
