@@ -6,7 +6,7 @@ calculator's real tool schemas, obtained by starting the real calculator MCP ser
 need a real tokenizer / model (rollout token faithfulness, the HF engine, the update, the
 end-to-end scripts) share it; under pytest-xdist the workers share one build too.
 
-The suite runs on two pytest-xdist workers (`-n 2` in pyproject.toml; `-n 0` runs it in one
+The suite runs on three pytest-xdist workers (`-n 3` in pyproject.toml; `-n 0` runs it in one
 process). Work is handed out by test file, so a module-scoped fixture (a shared training run, a
 started server) runs once, and the files that use the local Ray go together, so one cluster serves them.
 """
@@ -105,7 +105,7 @@ def anyio_backend():
 # so that one worker starts one cluster for them.
 RAY_FILES = ("tests/backends/test_verl_pipeline.py", "tests/backends/test_verl_v1_ray.py")
 RAY_UNIT = "tests/backends (Ray)"
-# Run first, longest first: units of minutes on 2 cores, so that the two workers finish together
+# Run first, longest first: units of minutes on 2 cores, so that the workers finish together
 # rather than one of them picking up a long file last. Only the order depends on this list.
 SLOW_FIRST = [RAY_UNIT, "tests/e2e/test_main_scripts.py", "tests/backends/test_verl_plugin_config.py",
               "tests/e2e/test_first_custom_run.py", "tests/backends/test_verl_checkpoint.py",
