@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.stamp import how_it_ended  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
 ARMS = ("cpu_slow_tools", "cpu_fast_tools", "h200")
@@ -188,7 +189,7 @@ def run_job(overrides: list[str], run_dir: Path, timeout: float) -> tuple[list[d
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"async_training: the run in {run_dir} failed:\n{proc.stderr[-4000:]}")
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_records(run_dir / "metrics.jsonl")
     return lines, wall
 
 
@@ -236,7 +237,7 @@ def join_earlier(runs: dict[str, Any], name: str, gpu: str, results: Path) -> No
     """The launches of `name` this invocation did not run, from the latest async_training line in `results` made on
     the same GPU model; each marked `earlier_invocation` with that line's date, commit and command."""
     key = name.replace(".", "_")
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    lines = read_records(results)
     for line in reversed(lines):
         arm = line.get("h200") or {}
         if line.get("benchmark") != "async_training" or arm.get("gpu") != gpu or key not in arm:

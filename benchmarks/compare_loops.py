@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from rl_factory.jsonl import read_lines  # noqa: E402
 
 TARGET = 1.05
 
@@ -46,7 +47,8 @@ def compare(ours: dict, theirs: dict) -> dict:
 
 
 def main() -> None:
-    ours, theirs = (json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in sys.argv[1:3])
+    # each file is a script's stdout: its last line is the record
+    ours, theirs = (json.loads(read_lines(p)[-1]) for p in sys.argv[1:3])
     emit("compare_loops", compare(ours, theirs))
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 DATA = ROOT / "examples" / "calculator" / "data"
 CONFIGS = ("baseline", "dynamic")
 
@@ -91,7 +91,7 @@ def run_one(args, name: str, seed: int, model: str, train: Path, val: Path) -> d
 
 
 def measure(metrics_file: Path) -> dict:
-    lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    lines = read_records(metrics_file)
     steps = [m for m in lines if m["step"] > 0]
     vals = [m["val/accuracy"] for m in lines if "val/accuracy" in m]
     tokens = sum(m["rollout/generated_tokens"] for m in steps) / 1e6

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_factory.jsonl import read_records
+
 
 LEFTOVER_WAIT_S = 20  # seconds a finished job's processes get to leave the GPU
 
@@ -235,5 +237,5 @@ def run_per_step(run_dir: Path, steps: list[int], launched: float) -> dict[str, 
     path = run_dir / DEVICE_TIMELINE
     if not path.exists():
         return {}
-    samples = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    samples = read_records(path)
     return per_step(samples, step_ends(run_dir / "bench_stdout.log", launched), steps)

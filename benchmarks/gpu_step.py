@@ -70,6 +70,7 @@ from benchmarks.job_config import old_log_probs_mode, sampling_logprobs, select 
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.shapes import SHAPES, build_shape, builtin_tokenizer_dir, shape_config_dir  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 
 # The same job before tuning (2026-12-01, one H200): 0.44B qwen3-0.6b shape, 16 x 8, 256 tokens a turn.
 BASELINE_STEP_S = {"qwen3-0.6b": 23.0}
@@ -157,7 +158,7 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
     wall = time.perf_counter() - t0
     (run_dir / ENDED_FILE).write_text(json.dumps({"exit_code": code}) + "\n")
     metrics = run_dir / "metrics.jsonl"
-    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    lines = read_records(metrics)
     if code != 0:
         print(f"gpu_step: the verl run ended with {code} after {wall:.0f} s; log: {log}", file=sys.stderr)
         if not [m for m in lines if m["step"] >= 1]:  # still one line: where its start-up was when it ended
@@ -170,8 +171,6 @@ def run_verl(args: argparse.Namespace, model: Path, run_dir: Path) -> tuple[list
 
 def rollout_lengths(run_dir: Path, steps: list[int]) -> dict:
     """Per-trajectory prompt / generated / total tokens of the measured steps (our rollouts files)."""
-    from rl_factory.jsonl import read_records
-
     prompts, generated, totals, turns = [], [], [], []
     for step in steps:
         path = run_dir / "rollouts" / f"step_{step:06d}.jsonl"

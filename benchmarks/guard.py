@@ -15,7 +15,6 @@ the checks that fired in the guarded run (a false alarm on this job would be one
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import emit  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 
 TARGET_SHARE = 0.02
 
@@ -37,7 +37,7 @@ def run_job(out_dir: Path, guard: bool, steps: int, seed: int, extra: list[str])
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"guard={guard}: main_grpo.sh exited {done.returncode}: {done.stderr[-2000:]}")
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_records(out_dir / "metrics.jsonl")
 
 
 def mean_of(lines: list[dict], key: str) -> float | None:

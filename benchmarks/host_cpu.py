@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_memory import JOB_MARK_VAR, Sampler
+from rl_factory.jsonl import read_records
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 HOST_CPU_TIMELINE = "host_cpu.jsonl"  # a benchmark run's host CPU samples, in its run directory
@@ -173,7 +174,7 @@ class JobCpu(Sampler):
 
 
 def read_timeline(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return read_records(path)
 
 
 def window(samples: list[dict[str, Any]], start: float, end: float) -> dict[str, Any] | None:
@@ -229,7 +230,7 @@ def rollout_windows(run_dir: Path, steps: list[int]) -> dict[int, tuple[float, f
         path = run_dir / "rollouts" / f"step_{step:06d}.jsonl"
         if not path.exists():
             continue
-        timings = [json.loads(x).get("timing") or {} for x in path.read_text().splitlines() if x.strip()]
+        timings = [r.get("timing") or {} for r in read_records(path)]
         spans = [(t["started_unix"], t["started_unix"] + t["wall_s"]) for t in timings
                  if "started_unix" in t and "wall_s" in t]
         if spans:

@@ -18,6 +18,7 @@ from typing import Any
 
 from benchmarks.ceilings import ratios
 from benchmarks.record import boot_id
+from rl_factory.jsonl import read_records
 
 # what makes two launches the same job (the command line may differ in --out, --timeout and --earlier)
 SAME_JOB = ("model", "shape", "agent_loop", "lora_rank", "gpus", "tp", "batch", "n", "steps", "measured_steps", "job",
@@ -52,7 +53,7 @@ def same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def newest_on(gpu: str | None, results: Path) -> dict[str, Any] | None:
     """The newest gpu_step record in `results` on the GPU model `gpu`, of whatever job."""
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    lines = read_records(results)
     return next((line for line in reversed(lines) if line.get("benchmark") == "gpu_step"
                  and (line.get("machine") or {}).get("gpu") == gpu), None)
 
@@ -69,7 +70,7 @@ def one_boot(earlier: dict[str, Any], result: dict[str, Any]) -> bool:
 def earlier_launch(result: dict[str, Any], gpu: str | None, results: Path) -> dict[str, Any] | None:
     """The newest gpu_step record in `results` of the job `result` ran, on the GPU model `gpu` and the same machine
     (`one_boot`), that has per-step numbers (a record made before they were kept cannot be joined)."""
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    lines = read_records(results)
     for line in reversed(lines):
         if (line.get("benchmark") == "gpu_step" and (line.get("machine") or {}).get("gpu") == gpu
                 and same_job(line, result) and line.get("per_step") and line.get("date") != result.get("date")
@@ -125,8 +126,9 @@ def join_newest(results: Path) -> dict[str, Any]:
     """The newest gpu_step record of `results` joined with the launch before it of the same job on the same GPU
     model: what `gpu_step.py --earlier` would have printed, for a launch whose call named no --earlier or missed
     its earlier record. The newest record's own date, commit, machine and command stay; `joined_by` says how."""
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
-    newest = next(r for r in reversed(lines) if r.get("benchmark") == "gpu_step")
+    newest = next((r for r in reversed(read_records(results)) if r.get("benchmark") == "gpu_step"), None)
+    if newest is None:
+        raise SystemExit(f"{results}: no gpu_step record to join")
     newest = {k: v for k, v in newest.items() if k not in ("launches", "earlier_missing", "earlier_differs")}
     earlier = earlier_launch(newest, (newest.get("machine") or {}).get("gpu"), results)
     if earlier is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 
 ROLES = ("WorkerDict", "TaskRunner", "vLLMHttpServer", "EngineCore", "AgentLoopWorker")
 
@@ -54,7 +54,7 @@ def wait_for_step(runs: Path, since: float, step: int, timeout: float) -> Path |
         for metrics in runs.glob("*/metrics.jsonl"):
             if metrics.stat().st_mtime < since:
                 continue
-            lines = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            lines = read_records(metrics, torn_ok=True)  # the job may be mid-line
             if any(m.get("step", 0) >= step for m in lines):
                 return metrics.parent
         time.sleep(1)

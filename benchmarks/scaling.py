@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
+from rl_factory import jsonl  # noqa: E402
 
 PHASES = ("generate", "old_log_prob", "update", "step")  # with tokens: an efficiency
 TIMED_ONLY = ("update_weights", "reward")                  # seconds only
@@ -33,7 +34,7 @@ TIMED_ONLY = ("update_weights", "reward")                  # seconds only
 def read_lines(path: Path) -> list[dict]:
     """The `gpu_step` lines of a results file (other benches and unreadable lines are skipped)."""
     out = []
-    for text in path.read_text().splitlines():
+    for text in jsonl.read_lines(path):
         try:
             line = json.loads(text)
         except ValueError:

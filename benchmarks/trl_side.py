@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_memory import DevicePeak  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 TRAIN_FILE = ROOT / "examples" / "calculator" / "data" / "train.jsonl"
 GIB = 2**30
 
@@ -274,7 +275,7 @@ def trl_worker(spec: dict) -> None:
                 steps[-1].update({name: logs[key] for key, name in logged.items() if key in logs})
                 (out / "steps.json").write_text(json.dumps(steps))
 
-    rows = [json.loads(line) for line in TRAIN_FILE.read_text().splitlines()]
+    rows = read_records(TRAIN_FILE)
     data = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
                                         "answer": r["answer"]} for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])

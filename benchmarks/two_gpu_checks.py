@@ -43,6 +43,7 @@ from benchmarks.record import emit  # noqa: E402
 from benchmarks.gpu_memory import LEFTOVER_WAIT_S, gpu_processes, wait_gone  # noqa: E402
 from benchmarks.job_config import select  # noqa: E402
 from benchmarks.stamp import stamp_lines  # noqa: E402
+from rl_factory.jsonl import read_lines  # noqa: E402
 
 SERVER_MODULE = "envs.servers.calculator"
 MARK_VAR = "RLF_RUN_MARK"
@@ -184,7 +185,7 @@ def launch(command: list[str], out: Path, run_dir: Path, marker: str, name: str,
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     out = []
-    for text in path.read_text().splitlines() if path.exists() else []:
+    for text in read_lines(path):
         try:
             out.append(json.loads(text))
         except ValueError:

@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.record import emit  # noqa: E402
 from benchmarks.trl_side import run_trl, step_stats, trl_missing  # noqa: E402
+from rl_factory.jsonl import read_records  # noqa: E402
 CALCULATOR_MANIFEST = ROOT / "configs" / "tools" / "calculator.yaml"
 # The job, as configs/grpo.yaml sets it for ours; TRL gets the same numbers below.
 JOB = {"prompts": 16, "n": 8, "temperature": 1.0, "lr": 3e-4, "warmup_steps": 3, "grad_clip": 1.0,
@@ -333,7 +334,7 @@ def run_ours(args, out: Path, manifest: Path, model_dir: Path, env: dict) -> dic
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"vs_trl: our run failed:\n{proc.stderr[-3000:]}")
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = read_records(out / "metrics.jsonl")
     # every training step; validation (step 0, every trainer.eval_every, the last) is timed apart, in timing/val_s
     steps = [m for m in lines if m["step"] > 0]
     split = {"generate_s": "timing/generate_s", "tools_s": "timing/tools_s", "reward_s": "timing/reward_s",
@@ -350,7 +351,7 @@ def run_ours(args, out: Path, manifest: Path, model_dir: Path, env: dict) -> dic
 
 
 def metrics_lines(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_records(run_dir / "metrics.jsonl")
 
 
 # Metrics that measure time (tool latencies; the engine's batching, which follows timing) rather than results.

@@ -11,7 +11,8 @@ def load(directory: Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(directory.glob("*.jsonl")):
         records = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        # "\n" only: a record's text may hold U+2028 and the like, which splitlines() breaks on (rl_factory/jsonl.py)
+        for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
             if not line.strip():
                 continue
             try:

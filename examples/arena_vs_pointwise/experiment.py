@@ -27,6 +27,7 @@ from typing import Any
 
 from examples.arena_vs_pointwise.judge_server import JudgeServer, StandInConfig
 from rl_factory.algorithms.arena import TOPOLOGIES
+from rl_factory.jsonl import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent.relative_to(ROOT)
@@ -130,14 +131,14 @@ def _settings_key(s: Settings) -> dict[str, Any]:
 
 def collect(run_dir: Path, calls: list[dict], arm: str) -> dict[str, Any]:
     """Validation curve, judge requests per training step and arena metrics of a finished run."""
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_records(run_dir / "metrics.jsonl")
     key = "val/reward/quality/mean" if arm == "pointwise" else "val/reward/mean"
     val = [[m["step"], m[key]] for m in metrics if key in m]
     step_of = {}
     for path in sorted((run_dir / "rollouts").glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
-        for line in path.read_text().splitlines():
-            step_of.setdefault(first_user(json.loads(line)["messages"]), step)
+        for row in read_records(path):
+            step_of.setdefault(first_user(row["messages"]), step)
     steps = sorted({m["step"] for m in metrics if m["step"] > 0})
     per_step = {step: 0 for step in steps}
     val_calls = 0

@@ -29,6 +29,8 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rl_factory.jsonl import read_records
+
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus.jsonl"
 DATA_SOURCE = "search_qa_local"
@@ -47,7 +49,7 @@ _MOUNTAIN = re.compile(rf"^({_NAME}) rises ([\d,]+) metres")
 
 def load_corpus(path: Path = CORPUS) -> list[dict]:
     """The corpus passages, sorted by id (so generation does not depend on line order)."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_records(path)
     return sorted(rows, key=lambda r: r["id"])
 
 

@@ -12,6 +12,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from rl_factory.jsonl import read_lines
 from rl_factory.report.data import RunData
 
 MAX_STEPS = 12
@@ -71,7 +72,7 @@ def _rollouts(run: RunData, step: int) -> tuple[dict[tuple[Any, int], dict[str, 
         return {}, {}
     seen: dict[Any, int] = defaultdict(int)
     out = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in read_lines(path):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

@@ -12,6 +12,7 @@ import pytest
 from benchmarks.gpu_memory import JOB_MARK_VAR
 from benchmarks.host_cpu import (HOST_CPU_TIMELINE, JobCpu, process_name, read_timeline, rollout_windows, run_rollouts,
                                  window)
+from rl_factory.jsonl import dumps
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 
@@ -70,8 +71,11 @@ def test_a_process_retitled_by_its_framework_is_named_by_its_title(tmp_path):
 
 def test_each_steps_rollout_window_and_its_figures_come_from_the_run_directory(tmp_path):
     (tmp_path / "rollouts").mkdir()
-    lines = [{"timing": {"started_unix": 100.0, "wall_s": 2.0}}, {"timing": {"started_unix": 100.5, "wall_s": 3.5}}]
-    (tmp_path / "rollouts" / "step_000002.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    # the model's text as the rollouts writer keeps it: U+2028 and U+0085 raw, which str.splitlines() breaks on
+    text = [{"role": "assistant", "content": "a\u2028b\x85c"}]
+    lines = [{"messages": text, "timing": {"started_unix": 100.0, "wall_s": 2.0}},
+             {"messages": text, "timing": {"started_unix": 100.5, "wall_s": 3.5}}]
+    (tmp_path / "rollouts" / "step_000002.jsonl").write_text("".join(dumps(x) for x in lines), encoding="utf-8")
     (tmp_path / "rollouts" / "step_000003.jsonl").write_text(json.dumps({"timing": {}}) + "\n")  # no clocks
     assert rollout_windows(tmp_path, [2, 3, 4]) == {2: (100.0, 104.0)}
     proc = {"name": "VLLM::EngineCore", "voluntary": 0, "involuntary": 0, "threads": {"7": ["VLLM::EngineCor", 0.0]}}
