@@ -159,8 +159,15 @@ def main(argv: list[str] | None = None) -> None:
                                     **({"fused": True} if name == "fused" else {"foreach": True}))
             for budget in args.micro:
                 key = f"{name}/{budget}" if wrap == "fsdp" else f"{wrap}:{name}/{budget}"
-                result["variants"][key] = run_variant(model, opt, lengths, budget, vocab, device, args.repeats,
-                                                      autocast=wrap == "plain" and device.type == "cuda")
+                try:
+                    result["variants"][key] = run_variant(model, opt, lengths, budget, vocab, device, args.repeats,
+                                                          autocast=wrap == "plain" and device.type == "cuda")
+                except torch.OutOfMemoryError as exc:  # a variant that does not fit is a result; the others still run
+                    result["variants"][key] = {"failed": f"out of memory: {str(exc).split('. ')[0]}"}
+                    print(f"update_variants: {key} ran out of memory", file=sys.stderr)
+                    opt.zero_grad(set_to_none=True)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
             del opt
             if device.type == "cuda":
                 torch.cuda.empty_cache()

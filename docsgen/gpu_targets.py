@@ -31,7 +31,8 @@ without log-probs, then plain forward+backward: the least a step that generates 
 generation beside vLLM alone with log-probs and, stricter, beside vLLM doing the same work, the update beside
 plain forward+backward. Targets (issue 39): step <= 1.6x the serial limit, generation >= 0.85 of vLLM with
 log-probs, update >= 0.7 of forward+backward, and at 0.6B the weight sync <= 0.15 s and launch to the end of step 1
-<= 150 s. Seconds are medians over steps 2-5, over both launches where two were joined (`launches`). TRL: its
+<= 150 s. Seconds are medians over steps 2-5, over both launches where two were joined (`launches`). A launch
+newer than the last one with ceilings (`--no-ceilings`) has a row of its own above it, its ratios blank. TRL: its
 `GRPOTrainer` on the same job on the same machine (`benchmarks/vs_trl.py --shape`), where it ran there.
 """
 
@@ -53,13 +54,20 @@ def verdict(value: Any, target: float, at_most: bool) -> str:
 
 
 def rows_of(records: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str | None, dict[str, Any]]]:
-    """(shape, GPU model, ours' record) for each shape and GPU model with a judged record, the newest first."""
+    """(shape, GPU model, ours' record) for each shape and GPU model, the newest GPU model first: its newest judged
+    record, and above it a newer launch without ceilings (`--no-ceilings`), which shows where the code stands now
+    while its ratios stay blank."""
     out = []
     for shape in trl_shapes.SHAPES:
-        ours = [r for r in records.get("gpu_step", []) if trl_shapes.ours_matches(r, shape) and judged(r)]
-        for gpu in dict.fromkeys(trl_shapes.gpu_of(r) for r in sorted(ours, key=lambda r: str(r.get("date", "")),
-                                                                         reverse=True)):
-            out.append((shape, gpu, trl_shapes.newest([r for r in ours if trl_shapes.gpu_of(r) == gpu])))
+        ours = sorted((r for r in records.get("gpu_step", []) if trl_shapes.ours_matches(r, shape)),
+                      key=lambda r: str(r.get("date", "")), reverse=True)
+        for gpu in dict.fromkeys(trl_shapes.gpu_of(r) for r in ours):
+            on_it = [r for r in ours if trl_shapes.gpu_of(r) == gpu]
+            newest_judged = next((r for r in on_it if judged(r)), None)
+            if not judged(on_it[0]):
+                out.append((shape, gpu, on_it[0]))
+            if newest_judged is not None:
+                out.append((shape, gpu, newest_judged))
     return out
 
 

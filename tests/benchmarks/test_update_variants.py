@@ -53,3 +53,22 @@ def test_the_plain_wrap_runs_beside_fsdps_under_its_own_names(capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(line["variants"]) == {"fused/256", "plain:fused/256"}
     assert line["params"] > 0 and all(v["micro_batches"] == 2 for v in line["variants"].values())
+
+
+def test_a_variant_out_of_memory_is_recorded_and_the_others_still_run(capsys, monkeypatch):
+    # the 4B shape's foreach AdamW on an 80-GB GPU: its step's temporary did not fit beside the training state
+    step = torch.optim.AdamW.step
+
+    def foreach_out_of_memory(self, *args, **kwargs):
+        if self.defaults.get("foreach"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 386.00 MiB. GPU 0 has 79.18 GiB")
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", foreach_out_of_memory)
+    update_variants.main(["--shape", "qwen3-smoke", "--device", "cpu", "--tokens", "512", "--sequence", "128",
+                          "--micro", "256", "--optimizer", "foreach", "fused", "--repeats", "1"])
+    out = capsys.readouterr()
+    line = json.loads(out.out.strip().split("\n")[-1])
+    assert line["variants"]["foreach/256"] == {"failed": "out of memory: CUDA out of memory"}
+    assert line["variants"]["fused/256"]["optimizer_step_s"] > 0
+    assert "foreach/256 ran out of memory" in out.err

@@ -231,12 +231,17 @@ def test_the_targets_table_judges_each_phase_of_the_newest_judged_launch_per_gpu
                             judged_record("2026-12-07T13:18", 2.9, gpu=h100, launches=2, logprobs=False,
                                           generate_vs_vllm_with_logprobs=1.1),
                             {**gpu_step_record("2026-12-07T14:00", 2.0, gpu=h100)},  # no ceilings: not judged
+                            {**gpu_step_record("2026-12-07T12:00", 1.5, gpu=h100)},  # older than the judged
                             judged_record("2026-12-06T22:36", 3.06, logprobs=True)],
                "vs_trl": [trl_shape_record("2026-12-07T13:20", 3.0, gpu=h100)]}
     rows = [line for line in gpu_targets.table(records) if line.startswith("| qwen3-0.6b |")]
-    assert len(rows) == 2
+    assert len(rows) == 3
     got = [dict(zip(gpu_targets.HEAD, cells_of([line], "qwen3-0.6b"))) for line in rows]
-    h100_row, h200_row = got
+    now_row, h100_row, h200_row = got
+    # the newer launch without ceilings: its step and TRL's beside it, no ratio judged
+    assert now_row["step s"] == "2" and now_row["date"] == "2026-12-07 14:00" and now_row["serial limit s"] == ""
+    assert now_row["step / serial limit (<= 1.6)"] == "" and now_row["vs forward+backward (>= 0.7)"] == ""
+    assert now_row["TRL step s (ours / TRL)"] == "3 (0.67)"
     assert h100_row["launches"] == "2" and h100_row["step s"] == "2.9" and h100_row["date"] == "2026-12-07 13:18"
     assert h100_row["step / serial limit (<= 1.6)"] == "1.61 (not met)"
     assert h100_row["vs vLLM with log-probs (>= 0.85)"] == "1.1 (met)" and h100_row["vs vLLM, same work"] == "0.8"
