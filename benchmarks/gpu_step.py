@@ -33,8 +33,8 @@ tokens/s, the ceiling and the ratio to it; peak GPU memory as verl reports it; t
 temperature and throttle reasons and the host's load over the job and in each measured step (`device_clocks`,
 from nvidia-smi every 0.5 s; the samples in the run's device_timeline.jsonl); the cores each of the job's processes
 and their busiest threads used in each measured step's rollout (`host_cpu_in_rollout`, benchmarks/host_cpu.py; the
-samples in host_cpu.jsonl); the tuned settings used; where the
-job asks vLLM to log its iterations
+samples in host_cpu.jsonl); `startup`, `device_clocks.per_step` and `host_cpu_in_rollout` hold `{"error": ...}`
+where they fail, and the numbers stay; the tuned settings used; where the job asks vLLM to log its iterations
 (`+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_logging_iteration_details=true`), vLLM's engine steps
 by kind per rollout (`phases.generate.engine_steps`) and per run of the configured ceiling
 (`ceilings.vllm_configured.engine_steps`; benchmarks/iterations.py).
@@ -67,7 +67,7 @@ from benchmarks.ceilings import configured_engine_args, measure_ceiling, ratios 
 from benchmarks.step_metrics import measured, step_ends, step_numbers  # noqa: E402
 from benchmarks.gpu_memory import run_per_step  # noqa: E402
 from benchmarks.job_config import old_log_probs_mode, sampling_logprobs, select  # noqa: E402
-from benchmarks.record import emit  # noqa: E402
+from benchmarks.record import diagnostic, emit  # noqa: E402
 from benchmarks.shapes import SHAPES, build_shape, builtin_tokenizer_dir, shape_config_dir  # noqa: E402
 from benchmarks.stamp import ENDED_FILE, how_it_ended, stamp_lines  # noqa: E402
 from rl_factory.jsonl import read_records  # noqa: E402
@@ -335,14 +335,16 @@ def main(argv: list[str] | None = None) -> None:
                       "device_peak_used": (device or {}).get("peak_used_gb"), "device_total": (device or {}).get("total_gb")},
         # the GPU's clocks, power and throttle reasons (and the host's load) over the job and in each measured step:
         # a step slow in every phase at once beside a held-back clock is the GPU's, beside full clocks the host's
-        "device_clocks": {"job": (device or {}).get("clocks"), "per_step": run_per_step(run_dir, steps, launched)},
+        "device_clocks": {"job": (device or {}).get("clocks"),
+                          "per_step": diagnostic("device_clocks", run_per_step, run_dir, steps, launched)},
         # the cores each of the job's processes (and threads) used in each measured step's rollout: whether vLLM's
         # engine core kept its core (benchmarks/host_cpu.py)
-        "host_cpu_in_rollout": host_cpu.run_rollouts(run_dir, steps),
+        "host_cpu_in_rollout": diagnostic("host_cpu_in_rollout", host_cpu.run_rollouts, run_dir, steps),
         "tuned": {k: select(cfg, k) for k in TUNED_KEYS},
         # where the launch's time went before its first step (the run's startup.json, written by our launcher and
         # TaskRunner), under which variant, with vLLM's compile cache as the launch found it
-        "startup_variant": args.startup_variant, "compile_cache": cache, "startup": startup_variants.startup_record(run_dir),
+        "startup_variant": args.startup_variant, "compile_cache": cache,
+        "startup": diagnostic("startup", startup_variants.startup_record, run_dir),
     }
     ended = how_it_ended(run_dir)
     # vLLM's own count of its engine steps and their kinds, where the job asked it to log them

@@ -256,6 +256,8 @@ def summary(per_step: dict[str, Any]) -> dict[str, Any] | None:
     each process name's cores (the processes of one name added up: a job runs several agent-loop workers)."""
     import statistics
 
+    # a record whose section failed holds {"error": ...} there (benchmarks/record.py diagnostic): no rollouts
+    per_step = {k: v for k, v in per_step.items() if isinstance(v, dict) and "processes" in v}
     if not per_step:
         return None
     names: dict[str, list[float]] = {}

@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,14 @@ def emit(benchmark: str, result: dict[str, Any]) -> dict[str, Any]:
     if path is not None:
         print(f"{benchmark}: recorded in {os.path.relpath(path)}", file=sys.stderr)
     return record
+
+
+def diagnostic(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or `{"error": ...}` where it raises: a section that explains the numbers (clocks, cores,
+    start-up) must not cost the record the numbers themselves; the error goes to stderr, naming the section."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of a diagnostic is reported, not raised
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"{name}: left out of the record ({error})", file=sys.stderr)
+        return {"error": error}

@@ -109,3 +109,16 @@ def test_a_process_found_late_is_measured_from_the_first_sample_that_holds_it():
     rows = {r["pid"]: r["cores"] for r in window(samples[:3], 0.0, 2.0)["processes"]}
     assert rows == {7: 1.0, 8: 0.5}
     assert 9 not in {r["pid"] for r in window(samples, 0.0, 3.0)["processes"]}  # only in the last sample
+
+
+def test_a_section_that_fails_is_an_error_in_the_record_and_the_summary_passes_over_it(tmp_path, capsys):
+    from benchmarks.host_cpu import summary
+    from benchmarks.record import diagnostic
+
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_000002.jsonl").write_text('{"timing": {"started_unix": 1.0, "wall_s": 2\n')  # torn
+    got = diagnostic("host_cpu_in_rollout", rollout_windows, tmp_path, [2])
+    assert got["error"].startswith("JSONDecodeError: ")
+    assert "host_cpu_in_rollout: left out of the record (JSONDecodeError" in capsys.readouterr().err
+    assert diagnostic("host_cpu_in_rollout", rollout_windows, tmp_path, [3]) == {}  # no file: nothing, no error
+    assert summary(got) is None  # ab.py's summary of such a record
