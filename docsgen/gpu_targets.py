@@ -59,8 +59,9 @@ def rows_of(records: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str | N
     while its ratios stay blank."""
     out = []
     for shape in trl_shapes.SHAPES:
+        # newest first; of a launch and its join with the launch before it (the same date), the join first
         ours = sorted((r for r in records.get("gpu_step", []) if trl_shapes.ours_matches(r, shape)),
-                      key=lambda r: str(r.get("date", "")), reverse=True)
+                      key=lambda r: (str(r.get("date", "")), r.get("launches") or 1), reverse=True)
         for gpu in dict.fromkeys(trl_shapes.gpu_of(r) for r in ours):
             on_it = [r for r in ours if trl_shapes.gpu_of(r) == gpu]
             newest_judged = next((r for r in on_it if judged(r)), None)

@@ -232,7 +232,9 @@ def test_the_targets_table_judges_each_phase_of_the_newest_judged_launch_per_gpu
                                           generate_vs_vllm_with_logprobs=1.1),
                             {**gpu_step_record("2026-12-07T14:00", 2.0, gpu=h100)},  # no ceilings: not judged
                             {**gpu_step_record("2026-12-07T12:00", 1.5, gpu=h100)},  # older than the judged
-                            judged_record("2026-12-06T22:36", 3.06, logprobs=True)],
+                            # a launch, then its join with the launch before it (`benchmarks.launches`): one date
+                            judged_record("2026-12-06T22:36", 2.5, logprobs=True),
+                            judged_record("2026-12-06T22:36", 3.06, logprobs=True, launches=2)],
                "vs_trl": [trl_shape_record("2026-12-07T13:20", 3.0, gpu=h100)]}
     rows = [line for line in gpu_targets.table(records) if line.startswith("| qwen3-0.6b |")]
     assert len(rows) == 3
@@ -249,6 +251,7 @@ def test_the_targets_table_judges_each_phase_of_the_newest_judged_launch_per_gpu
     assert h100_row["launch to step 1 end s"] == "160 (not met)" and h100_row["TRL step s (ours / TRL)"] == "3 (0.97)"
     # rollouts that asked log-probs did vLLM's work with them: the same-work ratio is the one with log-probs
     assert h200_row["vs vLLM with log-probs (>= 0.85)"] == "0.8 (not met)" and h200_row["TRL step s (ours / TRL)"] == "-"
+    assert h200_row["launches"] == "2" and h200_row["step s"] == "3.06"  # the join, not the launch of its date
     assert gpu_targets.table({})[-2].startswith("| not measured yet |")
 
 
