@@ -3,7 +3,6 @@ version it records, partial and whole-trajectory swaps, the staleness bound in r
 import asyncio
 import copy
 import csv
-import json
 from collections import Counter
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ from rl_factory.engines.base import SamplingParams
 from rl_factory.engines.hf import HFEngine
 from rl_factory.policy import ModelConfig, load_policy
 from tests.e2e.test_main_scripts import marked_manifest, metrics_lines, run_script, tiny_overrides  # noqa: F401
+from tests.records import jsonl
 
 
 def _prompt(policy, text="What is 12 * 34?"):
@@ -166,7 +166,7 @@ def test_trajectory_gate_swaps_only_when_no_trajectory_runs():
 # ---- real runs -------------------------------------------------------------------------------------------
 
 def _rollouts(run_dir, step):
-    return [json.loads(line) for line in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+    return jsonl(run_dir / "rollouts" / f"step_{step:06d}.jsonl")
 
 
 @pytest.mark.slow  # a real training run

@@ -4,6 +4,7 @@ tool's undecodable bytes, kept by the rollouts writer as its JSON escape) must n
 tests/report/test_report.py.) And no reader splits JSON lines where such text may break them."""
 import ast
 import csv
+import re
 from pathlib import Path
 
 from rl_factory.rescore import _write
@@ -56,6 +57,24 @@ def test_no_reader_splits_json_lines_with_splitlines():
             for line in splitlines_fed_to_json(ast.parse(path.read_text(encoding="utf-8"))):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}")
     assert offenders == [], f"split with rl_factory.jsonl.read_lines/read_records instead: {offenders}"
+
+
+def splitlines_of_model_text(source: str) -> list[int]:
+    """Lines where `.splitlines()` splits what is read from a rollouts or trajectories file (model text)."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "splitlines"
+            and re.search(r"rollouts|trajectories", ast.get_source_segment(source, node.func.value) or "")]
+
+
+def test_no_test_splits_model_text_with_splitlines():
+    # the tiny model's byte-level tokenizer can write any character: a test reading its rollouts that way could
+    # fail on the rare run whose text holds one (tests/records.py reads them)
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "tests").rglob("*.py"))
+                 if ".venv" not in path.parts and "node_modules" not in path.parts
+                 for line in splitlines_of_model_text(path.read_text(encoding="utf-8"))]
+    assert offenders == [], f"read with tests.records.jsonl instead: {offenders}"
+    assert splitlines_of_model_text('x = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()') == [1]
+    assert splitlines_of_model_text('x = (run / "metrics.jsonl").read_text().splitlines()') == []
 
 
 def test_the_check_finds_each_shape_of_the_mistake():

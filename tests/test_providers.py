@@ -17,6 +17,7 @@ from rl_factory.algorithms.advantages import (ADVANTAGES, INPUT_DIMS, REQUIRED_I
 from rl_factory.config import ConfigError, load_config
 from rl_factory.providers import PROVIDERS, Provider, ProviderContext, StepBatch, build_providers, register_provider
 from rl_factory.update import AlgorithmConfig
+from tests.records import jsonl
 
 ESTIMATOR, INPUT = "test_shorter_is_better", "response_length"
 FILLED: list[list[float]] = []  # what the provider gave, step by step
@@ -60,7 +61,7 @@ def test_a_new_estimator_with_a_new_input_trains_with_one_provider(length_estima
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert len(FILLED) == 2 and all(len(step) == 8 for step in FILLED)  # once a step, every kept trajectory
     for step in (1, 2):
-        records = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        records = jsonl(run_dir / "rollouts" / f"step_{step:06d}.jsonl")
         by_prompt: dict[int, list[dict]] = {}
         for r in records:
             by_prompt.setdefault(r["sample_index"], []).append(r)

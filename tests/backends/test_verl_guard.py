@@ -25,6 +25,7 @@ from rl_factory.guard import GuardStop  # noqa: E402
 from rl_factory.guard.__main__ import main as guard_main  # noqa: E402
 from rl_factory.guard.evidence import digest  # noqa: E402
 from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E402
+from tests.records import jsonl
 
 ANSWER = "The answer is 10063."
 
@@ -91,7 +92,7 @@ def test_a_server_that_keeps_its_initial_weights_stops_the_run(verl_setup):
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["guard/receipts/stale"] for m in lines] == [0.0, 1.0]  # the step's line is logged before the stop
     bundle = next((run / "guard").glob("step_000002_receipts"))
-    assert json.loads((bundle / "trajectories.jsonl").read_text().splitlines()[0])["guard"]["versions"] == [0, 0]
+    assert jsonl(bundle / "trajectories.jsonl")[0]["guard"]["versions"] == [0, 0]
     assert guard_main(["replay", str(bundle)]) == 3
 
 
@@ -127,7 +128,7 @@ def test_under_an_async_trainer_a_line_may_hold_the_update_of_its_step_and_a_lat
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["guard/receipts/stale"] for m in lines] == [0.0, 0.0] and [m.get("guard/violations", 0) for m in lines] == [0, 0]
     assert [m["tool/calls"] for m in lines] == [1, 2]  # step 2's line counts the late line of step 1 and its own
-    step_1 = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    step_1 = jsonl(run / "rollouts" / "step_000001.jsonl")
     assert [(r["step"], r["session"]) for r in step_1] == [(1, 0), (1, 1)]
     assert not list((run / "rollouts" / ".parts").glob("train_step_*"))
 

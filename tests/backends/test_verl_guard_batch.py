@@ -18,6 +18,7 @@ from rl_factory.backends.verl.run_dir import RunDirLogger, write_part
 from rl_factory.guard import GuardStop
 from rl_factory.guard.__main__ import main as guard_main
 from rl_factory.guard.evidence import digest
+from tests.records import jsonl
 
 
 def _guard(lines_run: Path, **guard) -> RunDirLogger:
@@ -159,7 +160,7 @@ def test_the_tokens_check_reads_the_batch_the_actor_is_handed(ray_cluster, verl_
             result = stop
         finally:
             tq.kv_batch_put(keys=keys, partition_id="train", fields=before)
-        sessions = [json.loads(x)["guard"] for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+        sessions = [r["guard"] for r in jsonl(run / "rollouts" / "step_000001.jsonl")]
         return result, trainer.actor_rollout_wg.trained, sessions, run
 
     def drop_last_generated(keys):  # session 1's mask loses its last generated token

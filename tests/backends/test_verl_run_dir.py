@@ -8,6 +8,7 @@ import re
 import pytest
 
 from rl_factory.backends.verl.run_dir import RunDirLogger, tool_counts, write_part
+from tests.records import jsonl
 
 
 def _line(*results):
@@ -98,8 +99,8 @@ def test_a_resumed_run_keeps_each_step_once(tmp_path, killed):
     assert three["reward/mean"] == 0.5 and three["val/reward/mean"] == 1.0  # its rollouts, the re-validation
     assert ("timing/step_s" in three) == (killed != "between_checkpoint_and_log")  # verl's lost with the kill
     assert lines[4]["reward/mean"] == 1.0 and lines[4]["tool/calls"] == 2  # the half-done step 4 is gone
-    assert len((run / "rollouts" / "step_000004.jsonl").read_text().splitlines()) == 2
-    assert len((run / "rollouts" / "step_000003.jsonl").read_text().splitlines()) == 2
+    assert len(jsonl(run / "rollouts" / "step_000004.jsonl")) == 2
+    assert len(jsonl(run / "rollouts" / "step_000003.jsonl")) == 2
     assert not list((run / "rollouts" / ".parts").iterdir())
     if killed == "in_the_next_step":
         assert (run / "arena" / "host-1" / "rankings.csv").read_text().splitlines()[1:] == ["3,u3,0,0,1,1,0,1,1.0"]
@@ -149,7 +150,7 @@ def test_a_torn_line_from_a_killed_worker_costs_that_line_only(tmp_path, caplog)
         json.dumps(_record(1.0, 2)) + "\n" + json.dumps(_record(1.0, 3))[:40], encoding="utf-8")
     logger = _logger(tmp_path, resume=False)
     logger.log({"timing_s/step": 1.0}, step=1)
-    kept = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    kept = jsonl(tmp_path / "rollouts" / "step_000001.jsonl")
     assert sorted(r["session"] for r in kept) == [0, 1, 2]
     assert "other-1.jsonl line 2: not JSON" in caplog.text
 
@@ -304,7 +305,7 @@ def test_a_late_session_joins_its_steps_file_and_a_reissued_one_replaces_the_lin
     write_part(tmp_path, "train", 1, [line(1, 0.25)])  # session 1 again (its prompt re-issued)
     assert gather_late(tmp_path, 3) == [{**line(1, 0.25), "step": 1}]
     assert gather_late(tmp_path, 1) == [] and gather_late(tmp_path, 3) == []
-    step_1 = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    step_1 = jsonl(tmp_path / "rollouts" / "step_000001.jsonl")
     assert [(r["session"], r["reward"]) for r in step_1] == [(0, 1.0), (1, 0.25)]
     assert not list((tmp_path / "rollouts" / ".parts").glob("*"))
 

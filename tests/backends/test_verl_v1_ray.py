@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 from omegaconf import OmegaConf  # noqa: E402
 
 from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E402
+from tests.records import jsonl
 
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
 
@@ -239,7 +240,7 @@ def assert_run_dir_contract(cfg, right):
     assert line["reward/mean"] == pytest.approx(sum(right) / len(right))
     assert line["tool/calls"] == 3 and line["tool/calculator/calls"] == 3 and line["tool/call_rate"] == 1.0
     assert line["timing/rollout_s"] == 2.5 and line["timing/update_s"] == 1.5 and line["critic/score/mean"] == 0.5
-    rollouts = [json.loads(x) for x in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    rollouts = jsonl(run / "rollouts" / "step_000001.jsonl")
     assert sorted(r["reward"] for r in rollouts) == sorted(float(r) for r in right)
     assert all(r["num_turns"] == 2 and r["total_tokens"] > r["prompt_tokens"] > 0 for r in rollouts)
     # each trajectory's time in its agent loop; the step's slowest beside verl's rollout phase

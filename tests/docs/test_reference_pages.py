@@ -8,6 +8,7 @@ import pytest
 
 from tests.docs.markdown import INLINE_CODE, REPO
 from tests.e2e.test_main_scripts import run_script, tiny_overrides
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # a training run through main_grpo.sh (a module fixture)
 
@@ -54,5 +55,5 @@ def test_every_file_of_a_run_directory_is_on_the_run_directory_page(run_dir):
 
 
 def test_every_field_of_a_rollout_record_is_on_the_run_directory_page(run_dir):
-    record = json.loads(next((run_dir / "rollouts").glob("step_*.jsonl")).read_text().splitlines()[0])
+    record = jsonl(next((run_dir / "rollouts").glob("step_*.jsonl")))[0]
     assert undocumented(set(record), documented("run-directory.md")) == []

@@ -1,11 +1,11 @@
 """ArenaRL end to end: `bash main_grpo.sh algorithm.advantage=arena ...` with the reward-comparator judge."""
 import csv
-import json
 
 import pytest
 
 from tests.e2e.test_main_scripts import (calculator_pids, marked_calculator_manifest, metrics_lines, no_server_left,
                                          run_script, tiny_overrides)
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -34,7 +34,7 @@ def test_arena_round_robin_run(tiny_model_dir, tmp_path):
     assert list(rows[0]) == ["step", "group", "prompt", "rollout", "matches", "wins", "losses", "rank", "score"]
     assert len(rows) == 2 * 2 * N  # steps * groups * rollouts
     for step in (1, 2):
-        records = [json.loads(line) for line in (run / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        records = jsonl(run / "rollouts" / f"step_{step:06d}.jsonl")
         for group in (0, 1):
             ranked = [r for r in rows if r["step"] == str(step) and r["group"] == str(group)]
             trajs = records[group * N:(group + 1) * N]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_main_scripts import REPO, marked_manifest, script_env, tiny_overrides  # noqa: F401
+from tests.records import jsonl
 
 PROMPTS, BATCH, N, STEPS = 12, 2, 2, 6
 KILL_AFTER_STEPS = (2, 3, 5)  # the step whose metrics line is written, then a random moment later
@@ -82,7 +83,7 @@ def test_sigkill_during_async_training_trains_every_prompt_exactly_once(tiny_mod
     assert files == [f"step_{s:06d}.jsonl" for s in range(1, STEPS + 1)]
     trained = Counter()
     for s in range(1, STEPS + 1):
-        lines = [json.loads(line) for line in (run_dir / "rollouts" / f"step_{s:06d}.jsonl").read_text().splitlines()]
+        lines = jsonl(run_dir / "rollouts" / f"step_{s:06d}.jsonl")
         assert len(lines) == BATCH * N
         trained.update(line["sample_index"] for line in lines)
     assert trained == Counter({i: N for i in range(PROMPTS)})

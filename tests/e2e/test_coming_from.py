@@ -10,6 +10,7 @@ import yaml
 from tests.compat_fixtures import DATA_SOURCE, VERL_REWARD, write_verl_parquet
 from tests.e2e.test_main_scripts import (REPO, calculator_pids, marked_calculator_manifest, metrics_lines,
                                          no_server_left, run_script, tiny_overrides)
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -36,7 +37,7 @@ def test_verl_data_and_reward_train_two_steps_on_the_embedded_backend(tiny_model
         assert call["ground_truth"] == truths[question]
     steps = [m for m in metrics_lines(run) if "reward/mean" in m]
     assert [m["step"] for m in steps] == [1, 2] and all("reward/acc/mean" in m for m in steps)
-    records = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    records = jsonl(run / "rollouts" / "step_000001.jsonl")
     completions = {c["solution_str"] for c in calls}
     for record in records:
         assert record["answer"] == truths[record["messages"][0]["content"]]

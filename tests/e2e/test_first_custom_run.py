@@ -17,6 +17,7 @@ import yaml
 from tests.browser import chromium
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          script_env, strict_json, tiny_overrides)
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -38,7 +39,7 @@ def snapshot(run_dir: Path) -> dict:
 
 
 def records(run_dir: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "rollouts" / name).read_text().splitlines()]
+    return jsonl(run_dir / "rollouts" / name)
 
 
 def page_data(html: str) -> dict:

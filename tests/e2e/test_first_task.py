@@ -14,6 +14,7 @@ import pytest
 
 from rl_factory.models.tiny import built_dir
 from tests.e2e.test_main_scripts import REPO, script_env
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -82,7 +83,7 @@ def test_it_trains_with_the_builtin_model_and_the_checkpoint_evaluates(task):
     config = (run_dir / "config.yaml").read_text()
     assert f"tools: {task['dir']}/tools.yaml" in config
     assert (run_dir / "tool_logs" / "word_count.log").exists()
-    records = [json.loads(line) for line in (run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    records = jsonl(run_dir / "rollouts" / "step_000001.jsonl")
     assert len(records) == 4 and all(r["reward"] in (0.0, 1.0) for r in records)
 
     evaluate = task["commands"]["eval"].replace(f"model.path={REPO}/outputs/word_count/", "model.path=run/")

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.records import jsonl
+
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +132,7 @@ def test_training_run_writes_the_run_directory(trained):
     assert "val/accuracy" not in lines[1]  # eval_every=0: validation only at the start and the end
 
     for step in (1, 2):
-        records = [json.loads(line) for line in (run / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        records = jsonl(run / "rollouts" / f"step_{step:06d}.jsonl")
         assert len(records) == 2 * 2  # train_batch_size * rollout.n
         for r in records:
             assert r["messages"][0]["role"] == "user" and r["messages"][-1]["role"] == "assistant"
@@ -170,7 +172,7 @@ def test_eval_script_scores_the_checkpoint(trained):
     metrics = report["metrics"]
     assert {"accuracy", "reward/mean", "num_turns/mean", "tool/success_rate"} <= set(metrics)
     assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["num_turns/mean"] >= 1.0
-    assert len((out / "rollouts.jsonl").read_text().splitlines()) == 4
+    assert len(jsonl(out / "rollouts.jsonl")) == 4
     assert no_server_left(trained["marker"]), calculator_pids(trained["marker"])
 
 

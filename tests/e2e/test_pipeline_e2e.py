@@ -5,7 +5,6 @@ step 2. Generation on CPU is not bit-reproducible from run to run, so how many r
 can differ between two runs; what must hold is that every round draws the next prompts of the seeded
 data order, across the resume too: steps 1 and 2 together drew exactly the first prompts of it.
 """
-import json
 import re
 
 import pytest
@@ -14,6 +13,7 @@ from rl_factory.data import PromptSampler, load_dataset
 from tests.e2e.test_reward_e2e import data_with_ids
 from tests.e2e.test_main_scripts import (REPO, marked_calculator_manifest, metrics_lines, no_server_left, run_script,
                                          tiny_overrides)
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -22,7 +22,7 @@ PIPELINE = ["rollout.filters=[zero_variance]", "rollout.dynamic_sampling.min_gro
 
 
 def records(run, step):
-    return [json.loads(line) for line in (run / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+    return jsonl(run / "rollouts" / f"step_{step:06d}.jsonl")
 
 
 def test_filters_dynamic_sampling_and_views_in_a_run_that_resumes(tiny_model_dir, tmp_path):

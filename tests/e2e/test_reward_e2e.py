@@ -1,9 +1,11 @@
 """Rewards end to end through `bash main_grpo.sh`: weighted rule rewards, and a reward that raises."""
 import json
 
+import pytest
+
 from tests.e2e.test_main_scripts import (calculator_pids, marked_calculator_manifest, metrics_lines, no_server_left,
                                          run_script, tiny_overrides)
-import pytest
+from tests.records import jsonl
 
 pytestmark = pytest.mark.slow  # the launch scripts and training runs, end to end
 
@@ -57,7 +59,7 @@ def test_on_error_zero_keeps_training_and_counts_the_errors(tiny_model_dir, tmp_
     assert step["reward/errors"] == 2 * 2  # train_batch_size * rollout.n
     assert step["reward/broken/mean"] == 0.0
     assert 0.0 <= step["reward/correct/mean"] <= 1.0 and 0.0 <= step["reward/format/mean"] <= 1.0
-    records = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    records = jsonl(run / "rollouts" / "step_000001.jsonl")
     for r in records:
         info = r["reward_info"]
         assert info["broken"] == 0.0 and info["broken/reward_error"].startswith("ValueError: cannot grade")

@@ -15,6 +15,7 @@ from examples.guess.reward import reward
 from rl_factory.models.guess import (HIGHER, LOWER, GuessModelConfig, build_guess_model, build_key,
                                      ensure_guess_model, games, invalid_text, prompt_text)
 from rl_factory.types import Trajectory, Turn
+from tests.records import jsonl
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # builds the guess model (a module fixture) and trains on it
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ def test_two_training_steps_on_the_embedded_default(guess_model_dir, two_steps, 
     for m in lines[1:]:
         assert m["episode/opened"] == 4 and m.get("episode/failed", 0) == 0
     rollouts = tmp_path / "run" / "rollouts" / "step_000002.jsonl"
-    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    records = jsonl(rollouts)
     assert len(records) == 4
     for r in records:
         state, turns = r["state"], r["turn_texts"]
@@ -216,7 +217,7 @@ def test_main_eval_says_how_the_games_stopped(guess_model_dir, tmp_path):
         logger.removeHandler(handler)
         logger.setLevel(level)
     printed = "\n".join(lines)
-    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    records = jsonl(tmp_path / "rollouts.jsonl")
     stops = {r["stop_reason"] for r in records}
     assert stops <= {"env_done", "max_turns"} and "max_turns" in stops  # 2 turns: most games are not won
     for reason in stops:

@@ -20,6 +20,7 @@ import torch
 from rl_factory.config import load_config
 from rl_factory.guard import GuardStop
 from rl_factory.guard.__main__ import main as guard_main
+from tests.records import jsonl
 
 # every test here trains a real (tiny) run with a fault injected: the slow tier (tests/tiers.py)
 pytestmark = pytest.mark.slow
@@ -114,7 +115,7 @@ def test_a_reward_that_returns_a_constant(tiny_model_dir, tmp_path):
     assert done.returncode == 3, done.stderr[-2000:]
     assert "stopped by the run guard: guard: reward_constant at step 2" in done.stderr
     bundle = bundle_of(run, "reward_constant")
-    assert len((bundle / "trajectories.jsonl").read_text().splitlines()) == 8
+    assert len(jsonl(bundle / "trajectories.jsonl")) == 8
 
 
 def test_a_reward_that_never_reads_the_completion(tiny_model_dir, tmp_path):

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rl_factory.evaluate import write_rollouts
+from rl_factory.jsonl import read_lines
 from rl_factory.report import render_report, write_report
 from rl_factory.report.data import load_run
 from rl_factory.report.figures import build_figures
@@ -87,7 +88,7 @@ def test_tournament_tables_say_who_beat_whom_per_group(arena_run):
 
 def test_tournament_tables_leave_out_answers_of_a_group_with_missing_rollouts(arena_run):
     rollouts = arena_run / "rollouts" / "step_000003.jsonl"
-    lines = rollouts.read_text().splitlines()
+    lines = read_lines(rollouts)
     rollouts.write_text("\n".join(lines[1:]) + "\n")  # group 0 lost its first rollout's line
     tables = {(t["step"], t["group"]): t for t in page_data(render_report([arena_run]))["tournaments"]}
     assert [p["reward"] for p in tables[(3, 0)]["players"]] == [None] * 4  # no guessing which line is which
