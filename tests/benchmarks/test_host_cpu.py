@@ -42,7 +42,11 @@ def test_the_jobs_busy_process_shows_its_core_and_a_process_outside_the_job_is_n
     assert by_pid[busy.pid]["cores"] > 0.3 and by_pid[idle.pid]["cores"] < 0.1
     assert rows["processes"][0]["pid"] == busy.pid  # the busiest first
     assert by_pid[busy.pid]["name"].startswith("python") and "-c" in by_pid[busy.pid]["name"]
-    assert by_pid[busy.pid]["threads"][0]["cores"] > 0.3  # its one thread did the work
+    busy_row = by_pid[busy.pid]
+    if busy_row["cores"] >= 0.5:  # threads are listed where the process kept half a core: its one did the work
+        assert busy_row["threads"][0]["cores"] > 0.3
+    else:  # a 2-core machine loaded by other tests can hold the spinning loop under half a core
+        assert "threads" not in busy_row
     # threads are read for a busy process only: the job's thread pools would fill the file otherwise
     held = [s["processes"] for s in cpu.timeline]
     assert any("threads" in p.get(str(busy.pid), {}) for p in held)
