@@ -2,6 +2,7 @@
 what the code and data say, and it renders in a headless browser offline: no console error, search works."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -134,12 +135,20 @@ def test_a_page_renders_offline_without_console_errors(served, browser, page_pat
 
 
 def test_search_finds_a_config_key(served, browser):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = browser.new_page(viewport={"width": 1400, "height": 1000})  # wide: the search box is in the header
     page.goto(served, wait_until="networkidle")
     page.locator("input.md-search__input").click()
     page.keyboard.type("micro_batch_tokens", delay=10)  # the search listens to key events
     page.wait_for_selector(".md-search-result__item", timeout=15000)
-    hrefs = [a.get_attribute("href") for a in page.locator(".md-search-result__item a").all()]
+    # the results are re-rendered as the search catches up with the typing: read them in one snapshot, once the
+    # list holds the hit or 15 s have passed (a handle taken before a re-render waits on an element that is gone)
+    links = ".md-search-result__item a"
+    hit = f"() => [...document.querySelectorAll('{links}')].some(a => a.href.includes('reference/config/'))"
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(hit, timeout=15000)
+    hrefs = page.eval_on_selector_all(links, "els => els.map(a => a.getAttribute('href'))")
     assert any("reference/config/" in h for h in hrefs), hrefs
     page.close()
 
