@@ -4,6 +4,7 @@ tool's undecodable bytes, kept by the rollouts writer as its JSON escape) must n
 tests/report/test_report.py.) And no reader splits JSON lines where such text may break them."""
 import ast
 import csv
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +22,16 @@ def test_rescore_table_keeps_a_completion_with_a_lone_surrogate(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_files(top: str) -> list[Path]:
+    """The project's .py files under `top`, without walking installed packages (the test servers' .venv-time and
+    node_modules hold tens of thousands of files)."""
+    out = []
+    for folder, dirs, files in os.walk(ROOT / top):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__"))
+        out += [Path(folder) / f for f in sorted(files) if f.endswith(".py")]
+    return out
 
 
 def splitlines_fed_to_json(tree: ast.AST) -> list[int]:
@@ -51,9 +62,7 @@ def test_no_reader_splits_json_lines_with_splitlines():
     # record there. A 4B run's rollouts did, and a benchmark's host-CPU section died in json.loads.
     offenders = []
     for top in ("rl_factory", "benchmarks", "docsgen", "examples"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            if ".venv" in path.parts or "node_modules" in path.parts:
-                continue
+        for path in python_files(top):
             for line in splitlines_fed_to_json(ast.parse(path.read_text(encoding="utf-8"))):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}")
     assert offenders == [], f"split with rl_factory.jsonl.read_lines/read_records instead: {offenders}"
@@ -69,8 +78,7 @@ def splitlines_of_model_text(source: str) -> list[int]:
 def test_no_test_splits_model_text_with_splitlines():
     # the tiny model's byte-level tokenizer can write any character: a test reading its rollouts that way could
     # fail on the rare run whose text holds one (tests/records.py reads them)
-    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "tests").rglob("*.py"))
-                 if ".venv" not in path.parts and "node_modules" not in path.parts
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in python_files("tests")
                  for line in splitlines_of_model_text(path.read_text(encoding="utf-8"))]
     assert offenders == [], f"read with tests.records.jsonl instead: {offenders}"
     assert splitlines_of_model_text('x = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()') == [1]
