@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,52 @@ def ray_cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield
+    close_transfer_queue()
     ray.shutdown()
+
+
+_transfer_queue: dict = {}
+
+
+@contextmanager
+def transfer_queue(conf):
+    """TransferQueue on the local Ray for one test, started by the first test that asks and kept for the next ones,
+    as one verl run keeps one (`tq.init` starts a controller and a storage actor, each importing torch: ~8 s of a
+    2-core machine a start). The test leaves it empty."""
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    wanted = OmegaConf.to_container(conf, resolve=True)
+    if _transfer_queue.get("conf") != wanted or not _controller_alive():
+        close_transfer_queue()
+        tq.init(conf)
+        _transfer_queue["conf"] = wanted
+    try:
+        yield tq
+    finally:
+        for partition, keys in tq.kv_list().items():
+            if keys:
+                tq.kv_clear(keys=list(keys), partition_id=partition)
+
+
+def _controller_alive() -> bool:
+    """Whether TransferQueue's named controller still runs: a process that attached to it and closed it (verl's
+    TaskRunner does at its end) killed it."""
+    import ray
+
+    try:
+        ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    except ValueError:
+        return False
+    return True
+
+
+def close_transfer_queue() -> None:
+    """Stop the TransferQueue `transfer_queue` started, if any: for a test that starts its own."""
+    if _transfer_queue.pop("conf", None) is not None:
+        import transfer_queue as tq
+
+        tq.close()
 
 
 @pytest.fixture()

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from rl_factory.backends.verl.pipeline import GROUP_KEY, SAMPLER_NAME, check_verl_pipeline  # noqa: E402
 from rl_factory.config import ConfigError, parse  # noqa: E402
-from tests.backends.conftest import CALL  # noqa: E402
+from tests.backends.conftest import CALL, transfer_queue  # noqa: E402
 from tests.backends.test_verl_v1_ray import rollout_step  # noqa: E402
 
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
@@ -198,14 +198,11 @@ class FakeRollouts:
 @pytest.mark.parametrize("max_rounds", [3, 1])
 def test_replay_buffer_evicts_dropped_groups_and_stops_at_max_rounds(ray_cluster, verl_setup,
                                                                      max_rounds):
-    import transfer_queue as tq
-
     from rl_factory.backends.verl.pipeline import RolloutReplayBuffer
 
     cfg, _ = verl_setup()
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
-    tq.init(cfg.transfer_queue)
-    try:
+    with transfer_queue(cfg.transfer_queue) as tq:
         rollouts = FakeRollouts(tq, plan=[False, True, False, True])
         for kept in (True, False, False):  # the step's first round: one group with signal (g0), two without
             rollouts.put(kept, global_steps=0 if kept else 1)
@@ -225,8 +222,6 @@ def test_replay_buffer_evicts_dropped_groups_and_stops_at_max_rounds(ray_cluster
         else:  # one round: nothing evicted or refilled; the step trains on what finished
             assert rollouts.refills == [] and "g0" in uids and len(uids) == 2
             assert metrics["rollout/max_rounds_hit"] == 1.0 and metrics["rollout/refilled_prompts"] == 0.0
-    finally:
-        tq.close()
 
 
 def _verls_replay_buffer(cfg):
@@ -254,7 +249,6 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
     config, with every argument its built-in sampler gets; it returns a group that finishes mid-wait."""
     import threading
 
-    import transfer_queue as tq
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     from rl_factory.backends.verl.sampler import POLL_INTERVAL_S, PollingReplayBuffer
@@ -291,8 +285,7 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
     assert {k: getattr(ours_async, k) for k in same} == {k: getattr(theirs_async, k) for k in same}
 
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
-    tq.init(cfg.transfer_queue)
-    try:
+    with transfer_queue(cfg.transfer_queue) as tq:
         rollouts = FakeRollouts(tq, plan=[])
         first = rollouts.put(True)
         late = threading.Timer(0.5, rollouts.put, args=(True,))  # the step's last group, while sample() waits
@@ -300,5 +293,3 @@ def test_verl_builds_our_polling_sampler_with_its_own_arguments(ray_cluster, ver
         batch, _ = ours.sample(global_steps=1, partition_id="train", batch_size=2)
         late.join()
         assert sorted({k.split("_")[0] for k in batch.keys}) == sorted([first, "g1"])
-    finally:
-        tq.close()

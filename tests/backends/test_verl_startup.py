@@ -245,6 +245,9 @@ def test_a_launch_marks_ours_then_ray_then_verls_stages_until_it_stops(ray_clust
 
     from omegaconf import OmegaConf
 
+    from tests.backends.conftest import close_transfer_queue
+
+    close_transfer_queue()  # the TaskRunner starts its own TransferQueue, as in a run: none left by an earlier test
     cfg, _ = verl_setup()
     # one storage unit (verl's 8 would each hold one of the test cluster's CPUs, and the TaskRunner waits for one)
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
@@ -301,7 +304,9 @@ def test_transfer_queue_started_in_the_background_is_waited_for_and_its_failure_
     from omegaconf import OmegaConf
 
     from rl_factory.backends.verl import transfer_queue_start
+    from tests.backends.conftest import close_transfer_queue
 
+    close_transfer_queue()  # a start of its own: not one an earlier test of this process left running
     cfg, _ = verl_setup()
     OmegaConf.update(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
     started = transfer_queue_start.Background(cfg.transfer_queue)

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from tests.backends.conftest import CALL, ScriptedServer, load_rows  # noqa: E402
+from tests.backends.conftest import CALL, ScriptedServer, load_rows, transfer_queue  # noqa: E402
 from tests.records import jsonl
 
 RIGHT, WRONG = [CALL, "The answer is 10063."], [CALL, "The answer is 5."]
@@ -41,8 +41,7 @@ def rollout_step(cfg, files, scripts, then=None, manager_out=None):
     from verl.utils.import_utils import load_class_from_fqn
     from verl.utils.tokenizer import hf_tokenizer
 
-    tq.init(cfg.transfer_queue)
-    try:
+    with transfer_queue(cfg.transfer_queue):
         reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
         server = ScriptedServer(hf_tokenizer(cfg.actor_rollout_ref.model.path), scripts)
         fqn = cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
@@ -71,8 +70,6 @@ def rollout_step(cfg, files, scripts, then=None, manager_out=None):
         if then is not None:
             return then(keys)
         return keys, tq.kv_batch_get(keys=keys, partition_id="train"), advantages(cfg, keys)
-    finally:
-        tq.close()
 
 
 def advantages(cfg, keys):
@@ -404,46 +401,45 @@ def test_v1_two_workers_arena_groups_meet_and_stdio_servers_stop(ray_cluster, ve
     uids = [f"prompt-{i}" for i in range(len(PRODUCTS))]
     n = cfg.actor_rollout_ref.rollout.n
 
-    tq.init(cfg.transfer_queue)
     manager = reward_worker = None
-    try:
-        reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
-        server = PerPromptServer(hf_tokenizer(cfg.actor_rollout_ref.model.path))
-        manager = AgentLoopManagerTQ.create(config=cfg, llm_client=server, teacher_client=None,
-                                            reward_loop_worker_handles=[reward_worker])
-        workers = manager.agent_loop_workers
-        assert len(workers) == 2
-        worker_pids = set(ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in workers]))
-        batch_dict = load_rows(cfg, files)
-        assert len(batch_dict["index"]) == len(uids)
-        batch_dict["uid"] = np.array(uids, dtype=object)
-        batch = tu.get_tensordict(batch_dict)
-        tu.assign_non_tensor_data(batch, "global_steps", 1)
-        tq.kv_batch_put(keys=uids, partition_id="train",
-                        tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(uids))
-        manager.generate_sequences(batch)
-        deadline, status = time.time() + 240, {}
-        while time.time() < deadline:
+    with transfer_queue(cfg.transfer_queue):
+        try:
+            reward_worker = ray.remote(RewardLoopWorker).remote(cfg)
+            server = PerPromptServer(hf_tokenizer(cfg.actor_rollout_ref.model.path))
+            manager = AgentLoopManagerTQ.create(config=cfg, llm_client=server, teacher_client=None,
+                                                reward_loop_worker_handles=[reward_worker])
+            workers = manager.agent_loop_workers
+            assert len(workers) == 2
+            worker_pids = set(ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in workers]))
+            batch_dict = load_rows(cfg, files)
+            assert len(batch_dict["index"]) == len(uids)
+            batch_dict["uid"] = np.array(uids, dtype=object)
+            batch = tu.get_tensordict(batch_dict)
+            tu.assign_non_tensor_data(batch, "global_steps", 1)
+            tq.kv_batch_put(keys=uids, partition_id="train",
+                            tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(uids))
+            manager.generate_sequences(batch)
+            deadline, status = time.time() + 240, {}
+            while time.time() < deadline:
+                listing = tq.kv_list(partition_id="train").get("train", {})
+                status = {u: listing.get(u, {}).get("status") for u in uids}
+                if all(s in ("finished", "failure") for s in status.values()):
+                    break
+                time.sleep(0.5)
+            assert status == dict.fromkeys(uids, "finished")
             listing = tq.kv_list(partition_id="train").get("train", {})
-            status = {u: listing.get(u, {}).get("status") for u in uids}
-            if all(s in ("finished", "failure") for s in status.values()):
-                break
-            time.sleep(0.5)
-        assert status == dict.fromkeys(uids, "finished")
-        listing = tq.kv_list(partition_id="train").get("train", {})
-        keys = sorted(k for k in listing if k not in uids and k.rsplit("_", 2)[0] in uids)
-        assert keys == [f"{u}_{s}_0" for u in uids for s in range(n)]
-        data_out = tq.kv_batch_get(keys=keys, partition_id="train")
-        scores = [float(data_out["rm_scores"][i].sum()) for i in range(len(keys))]
-        adv = advantages(cfg, keys)
+            keys = sorted(k for k in listing if k not in uids and k.rsplit("_", 2)[0] in uids)
+            assert keys == [f"{u}_{s}_0" for u in uids for s in range(n)]
+            data_out = tq.kv_batch_get(keys=keys, partition_id="train")
+            scores = [float(data_out["rm_scores"][i].sum()) for i in range(len(keys))]
+            adv = advantages(cfg, keys)
 
-        # each worker runs its own calculator server (started by its WorkerState), one per worker
-        servers = _marked_servers(marker)
-        assert sorted(servers.values()) == sorted(worker_pids), (servers, worker_pids)
-    finally:
-        for handle in ([*manager.agent_loop_workers] if manager else []) + ([reward_worker] if reward_worker else []):
-            ray.kill(handle)
-        tq.close()
+            # each worker runs its own calculator server (started by its WorkerState), one per worker
+            servers = _marked_servers(marker)
+            assert sorted(servers.values()) == sorted(worker_pids), (servers, worker_pids)
+        finally:
+            for handle in ([*manager.agent_loop_workers] if manager else []) + ([reward_worker] if reward_worker else []):
+                ray.kill(handle)
 
     # the tournaments: each uid's n sessions met (the wrong one is the 2nd to reach its worker)
     answers = _decoded_answers(cfg, data_out)
