@@ -73,8 +73,10 @@ PY
   rm -f "$pins"
   return $rc
 }
-if [ "${RL_FACTORY_INSTALLER:-uv}" = pip ] || ! uv_install; then
-  [ "${RL_FACTORY_INSTALLER:-uv}" = pip ] || echo "setup.sh: uv did not install the project; pip does (slower)" >&2
+if [ "${RL_FACTORY_INSTALLER:-uv}" = pip ]; then
+  "${PIP[@]}" -e "$spec"
+elif ! uv_install; then
+  echo "setup.sh: uv did not install the project; pip does (slower)" >&2
   "${PIP[@]}" -e "$spec"
 fi
 echo "rl_factory installed in .venv ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "/ transformers", transformers.__version__)'))"

@@ -438,7 +438,8 @@ def test_v1_two_workers_arena_groups_meet_and_stdio_servers_stop(ray_cluster, ve
             servers = _marked_servers(marker)
             assert sorted(servers.values()) == sorted(worker_pids), (servers, worker_pids)
         finally:
-            for handle in ([*manager.agent_loop_workers] if manager else []) + ([reward_worker] if reward_worker else []):
+            started = ([*manager.agent_loop_workers] if manager else []) + ([reward_worker] if reward_worker else [])
+            for handle in started:
                 ray.kill(handle)
 
     # the tournaments: each uid's n sessions met (the wrong one is the 2nd to reach its worker)
